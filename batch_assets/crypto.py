@@ -1,0 +1,106 @@
+"""The encrypted date of birth of CONTRACT §4.
+
+`encrypted_dob` = 12-byte nonce ‖ AES-256-GCM(ciphertext ‖ tag) of ASCII
+`YYYY-MM-DD`, with the customer's 16 id bytes as associated data. One cipher
+object per process and key. Neither keys nor plaintexts ever appear in a
+message raised from here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import sys
+import uuid
+from functools import lru_cache
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from batch_assets.errors import ConfigError, DecryptError
+from batch_assets.settings import ENCRYPTION_KEY_VAR, Settings
+
+NONCE_BYTES = 12
+KEY_BYTES = 32
+DEV_KEY_FILE = "dev.key"
+
+
+def decode_key(text: str) -> bytes:
+    """Decode a URL-safe base64 key; a malformed one is a `ConfigError` that does not echo it."""
+    padded = text.strip() + "=" * (-len(text.strip()) % 4)
+    try:
+        key = base64.urlsafe_b64decode(padded.encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError, ValueError):
+        raise ConfigError("is not valid URL-safe base64", field=ENCRYPTION_KEY_VAR) from None
+    if len(key) != KEY_BYTES:
+        raise ConfigError(f"must decode to {KEY_BYTES} bytes, got {len(key)}", field=ENCRYPTION_KEY_VAR)
+    return key
+
+
+def generate_key_text() -> str:
+    return base64.urlsafe_b64encode(os.urandom(KEY_BYTES)).decode("ascii")
+
+
+def load_key(settings: Settings) -> bytes:
+    """The key of CONTRACT §1: the variable, or in embedded mode a generated dev key."""
+    if settings.encryption_key is not None:
+        return decode_key(settings.encryption_key)
+    if not settings.embedded:
+        raise ConfigError(
+            "is not set; it is required when BATCH_ASSETS_DATABASE_URL is set", field=ENCRYPTION_KEY_VAR
+        )
+    return decode_key(_dev_key_text(settings.home))
+
+
+def _dev_key_text(home: Path) -> str:
+    path = home / DEV_KEY_FILE
+    if not path.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(generate_key_text())
+        print(
+            f"warning: {ENCRYPTION_KEY_VAR} is not set; generated a development key in {path} "
+            "(embedded mode only; set the variable for real data)",
+            file=sys.stderr,
+        )
+    return path.read_text().strip()
+
+
+class DobCipher:
+    """Encrypts and decrypts dates of birth bound to their customer id."""
+
+    __slots__ = ("_aead",)
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != KEY_BYTES:
+            raise ConfigError(f"must be {KEY_BYTES} bytes", field=ENCRYPTION_KEY_VAR)
+        self._aead = AESGCM(key)
+
+    def __repr__(self) -> str:  # never show the key
+        return "DobCipher(<key hidden>)"
+
+    def encrypt_text(self, customer_id: uuid.UUID, text: str, nonce: bytes | None = None) -> bytes:
+        nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
+        return nonce + self._aead.encrypt(nonce, text.encode("ascii"), customer_id.bytes)
+
+    def decrypt_text(self, customer_id: uuid.UUID, blob: bytes) -> str:
+        """The plaintext; raises `DecryptError` (without any secret in it) on any failure."""
+        if len(blob) <= NONCE_BYTES + 16:
+            raise DecryptError("ciphertext too short")
+        try:
+            plain = self._aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], customer_id.bytes)
+        except InvalidTag:
+            raise DecryptError("authentication failed (wrong key, wrong row or corrupt bytes)") from None
+        try:
+            return plain.decode("ascii")
+        except UnicodeDecodeError:
+            raise DecryptError("plaintext is not ASCII") from None
+
+
+@lru_cache(maxsize=4)
+def cipher_for(key: bytes) -> DobCipher:
+    """One cipher object per process and key."""
+    return DobCipher(key)

@@ -1,0 +1,1 @@
+"""Database access: URL resolution, the embedded server, engines, schema and migrations."""

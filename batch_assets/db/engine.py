@@ -1,0 +1,117 @@
+"""Engines and connection errors.
+
+One engine per process and URL (psycopg 3), pool sized from settings. Driver
+errors about reachability are translated here, in one place, into
+`DatabaseUnavailable` with a one-line message naming the host and the cause.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from batch_assets.errors import ConfigError, DatabaseUnavailable
+from batch_assets.settings import DATABASE_URL_VAR, Settings
+
+DEFAULT_POOL_SIZE = 10
+DEFAULT_MAX_OVERFLOW = 2
+
+_engines: dict[tuple[str, int], sa.Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def resolve_database_url(settings: Settings) -> str:
+    """The URL of CONTRACT §1: the variable when set, else the embedded server's."""
+    if settings.database_url is None:
+        from batch_assets.db import embedded
+
+        return embedded.ensure_running(settings.home)
+    return normalize_url(settings.database_url)
+
+
+def normalize_url(url: str) -> str:
+    """Check a URL names PostgreSQL and use psycopg 3 as the driver."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # sqlalchemy.exc.ArgumentError and friends
+        raise ConfigError(f"not a valid database URL ({type(exc).__name__})", field=DATABASE_URL_VAR) from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ConfigError(
+            f"must be a PostgreSQL URL, got backend {parsed.get_backend_name()!r}", field=DATABASE_URL_VAR
+        )
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def describe_target(url: str | sa.URL) -> str:
+    """Host/socket and database of a URL, without the password."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    host = parsed.host or parsed.query.get("host") or "localhost"
+    if isinstance(host, tuple):
+        host = host[0]
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{host}{port}/{parsed.database or ''}"
+
+
+def create_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: int = DEFAULT_MAX_OVERFLOW) -> sa.Engine:
+    """A new engine; prefer `get_engine` so a process holds one per URL."""
+    return sa.create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": 10, "application_name": "batch_assets"},
+    )
+
+
+def get_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> sa.Engine:
+    """The process's engine for `url` (created on first use)."""
+    key = (url, pool_size)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = create_engine(url, pool_size=pool_size)
+        return engine
+
+
+def dispose_engines() -> None:
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+
+
+def unavailable(url: str | sa.URL, exc: BaseException) -> DatabaseUnavailable:
+    """Translate a driver error into a one-line `DatabaseUnavailable`."""
+    cause = getattr(exc, "orig", None) or exc
+    first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    return DatabaseUnavailable(f"cannot reach database at {describe_target(url)}: {first_line}")
+
+
+def check_connection(engine: sa.Engine) -> None:
+    """Raise `DatabaseUnavailable` unless a trivial query succeeds."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        raise unavailable(engine.url, exc) from None
+
+
+@contextmanager
+def translate_errors(engine: sa.Engine) -> Iterator[None]:
+    """Turn connection-level driver errors into `DatabaseUnavailable`."""
+    try:
+        yield
+    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+        if isinstance(exc, sa.exc.OperationalError) and _is_query_error(exc):
+            raise
+        raise unavailable(engine.url, exc) from None
+
+
+def _is_query_error(exc: sa.exc.OperationalError) -> bool:
+    # Timeouts and lock-timeouts are per-statement failures, not reachability.
+    sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None) or ""
+    return sqlstate.startswith("57014") or sqlstate == "55P03" or sqlstate.startswith("40")

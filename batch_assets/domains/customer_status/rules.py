@@ -1,0 +1,155 @@
+"""The age-category rule of CONTRACT §5, as pure functions of explicit dates.
+
+Nothing here reads the clock: the run date is always an argument.
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date
+
+from batch_assets.errors import ConfigError
+
+SENTINEL = date(9999, 12, 31)
+"""`next_review_date` of a row whose category can never change again."""
+
+_NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    category: str
+    min_age: int
+
+
+@dataclass(frozen=True)
+class Rules:
+    """An ordered list of (category, min_age), the first with min_age 0."""
+
+    rules: tuple[Rule, ...]
+
+    def __post_init__(self) -> None:
+        validate(self.rules)
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, int]]) -> Rules:
+        return cls(tuple(Rule(str(name), int(age)) for name, age in pairs))
+
+    @classmethod
+    def parse(cls, text: str) -> Rules:
+        """Parse `NAME=AGE,NAME=AGE,...` (the `rules set --thresholds` syntax)."""
+        pairs: list[tuple[str, int]] = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            name, sep, age = part.partition("=")
+            if not sep or not age.strip().lstrip("-").isdigit():
+                raise ConfigError(f"{part!r} is not NAME=AGE", field="thresholds")
+            pairs.append((name.strip(), int(age.strip())))
+        return cls.from_pairs(pairs)
+
+    def to_json(self) -> list[list[str | int]]:
+        return [[r.category, r.min_age] for r in self.rules]
+
+    @property
+    def fingerprint(self) -> str:
+        canonical = json.dumps(self.to_json(), separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def index_for_age(self, age: int) -> int:
+        """Index of the last rule whose min_age <= age."""
+        index = 0
+        for i, rule in enumerate(self.rules):
+            if rule.min_age <= age:
+                index = i
+            else:
+                break
+        return index
+
+    def index_of(self, category: str | None) -> int | None:
+        for i, rule in enumerate(self.rules):
+            if rule.category == category:
+                return i
+        return None
+
+    def __str__(self) -> str:
+        return ",".join(f"{r.category}={r.min_age}" for r in self.rules)
+
+
+def validate(rules: Sequence[Rule]) -> None:
+    if not rules:
+        raise ConfigError("at least one rule is required", field="thresholds")
+    if rules[0].min_age != 0:
+        raise ConfigError("the first rule must have min_age 0", field="thresholds")
+    names = [r.category for r in rules]
+    for name in names:
+        if not _NAME_RE.match(name):
+            raise ConfigError(f"category {name!r} must be upper-case letters, digits or _", field="thresholds")
+    if len(set(names)) != len(names):
+        raise ConfigError("category names must be unique", field="thresholds")
+    ages = [r.min_age for r in rules]
+    if any(a < 0 or a > 200 for a in ages):
+        raise ConfigError("ages must be between 0 and 200", field="thresholds")
+    if any(b <= a for a, b in zip(ages, ages[1:], strict=False)):
+        raise ConfigError("ages must be strictly increasing", field="thresholds")
+
+
+DEFAULT_RULES = Rules.from_pairs([("MINOR", 0), ("YOUNG_ADULT", 18), ("ADULT", 26), ("SENIOR", 65)])
+
+
+def birthday_in_year(dob: date, year: int) -> date:
+    """The day in `year` on which the person completes another year.
+
+    Someone born on 29 February does so on 1 March in common years.
+    """
+    if dob.month == 2 and dob.day == 29 and not calendar.isleap(year):
+        return date(year, 3, 1)
+    return dob.replace(year=year)
+
+
+def age_on(dob: date, day: date) -> int:
+    """Whole years completed on `day`."""
+    years = day.year - dob.year
+    return years - 1 if day < birthday_in_year(dob, day.year) else years
+
+
+def date_reaching_age(dob: date, age: int) -> date:
+    """The date on which `age` is reached; `SENTINEL` if beyond the calendar."""
+    year = dob.year + age
+    if year > SENTINEL.year:
+        return SENTINEL
+    return birthday_in_year(dob, year)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    category: str
+    next_review_date: date
+    category_since: date
+    """The date on which `category` began (the trigger's effective_date)."""
+
+
+def evaluate(dob: date, run_date: date, rules: Rules) -> Evaluation:
+    """Category on the run date, when it next changes, and since when it holds.
+
+    The caller guarantees dob <= run_date (a later dob is an invalid value).
+    """
+    index = rules.index_for_age(age_on(dob, run_date))
+    current = rules.rules[index]
+    if index + 1 < len(rules.rules):
+        next_review = date_reaching_age(dob, rules.rules[index + 1].min_age)
+    else:
+        next_review = SENTINEL
+    return Evaluation(current.category, next_review, date_reaching_age(dob, current.min_age))
+
+
+def parse_dob(text: str) -> date:
+    """Parse the strict `YYYY-MM-DD` plaintext; raises ValueError otherwise."""
+    if len(text) != 10 or text[4] != "-" or text[7] != "-":
+        raise ValueError("not YYYY-MM-DD")
+    return date(int(text[0:4]), int(text[5:7]), int(text[8:10]))

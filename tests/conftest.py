@@ -1,0 +1,127 @@
+"""Test databases on a real PostgreSQL.
+
+The server is BATCH_ASSETS_TEST_DATABASE_URL when set, else the embedded one
+(under .batch_assets/ of the repository). A session fixture builds a template
+database with every migration applied; each test that asks for `db_url` /
+`engine` gets its own database cloned from it, dropped (WITH FORCE) after.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from batch_assets.crypto import DobCipher, generate_key_text
+from batch_assets.db.engine import create_engine
+from batch_assets.db.migrate import migrate
+from batch_assets.settings import TEST_DATABASE_URL_VAR
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _server_url() -> str:
+    url = os.environ.get(TEST_DATABASE_URL_VAR, "").strip()
+    if url:
+        return make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    from batch_assets.db import embedded
+
+    return embedded.ensure_running(REPO / ".batch_assets")
+
+
+def _with_db(url: str, name: str) -> str:
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    """URL of a database on the test server (used for CREATE/DROP DATABASE)."""
+    return _server_url()
+
+
+@pytest.fixture(scope="session")
+def admin_engine(server_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(_with_db(server_url, "postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    yield engine
+    engine.dispose()
+
+
+def _create_db(admin: sa.Engine, name: str, template: str | None = None) -> None:
+    # Names are generated here from a fixed prefix and hex digits, never from input.
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        suffix = f' TEMPLATE "{template}"' if template else ""
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"{suffix}')
+
+
+def _drop_db(admin: sa.Engine, name: str) -> None:
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_engine: sa.Engine, server_url: str) -> Iterator[str]:
+    """A database with every migration applied, used as the TEMPLATE of each test database."""
+    name = f"ba_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    _create_db(admin_engine, name)
+    engine = create_engine(_with_db(server_url, name), pool_size=1)
+    try:
+        migrate(engine)
+    finally:
+        engine.dispose()
+    yield name
+    _drop_db(admin_engine, name)
+
+
+@pytest.fixture
+def empty_db_url(admin_engine: sa.Engine, server_url: str) -> Iterator[str]:
+    """A brand-new database with no schema."""
+    name = f"ba_e_{uuid.uuid4().hex[:12]}"
+    _create_db(admin_engine, name)
+    yield _with_db(server_url, name)
+    _drop_db(admin_engine, name)
+
+
+@pytest.fixture
+def db_url(admin_engine: sa.Engine, server_url: str, template_db: str) -> Iterator[str]:
+    """A database of this test's own, cloned from the migrated template."""
+    name = f"ba_t_{uuid.uuid4().hex[:12]}"
+    _create_db(admin_engine, name, template=template_db)
+    yield _with_db(server_url, name)
+    _drop_db(admin_engine, name)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    engine = create_engine(db_url, pool_size=12)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def key_text() -> str:
+    return generate_key_text()
+
+
+@pytest.fixture(scope="session")
+def cipher(key_text: str) -> DobCipher:
+    from batch_assets.crypto import decode_key
+
+    return DobCipher(decode_key(key_text))
+
+
+@pytest.fixture
+def cli_env(db_url: str, key_text: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for running `batch-assets` against this test's database."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+    env.update(
+        BATCH_ASSETS_DATABASE_URL=db_url,
+        BATCH_ASSETS_ENCRYPTION_KEY=key_text,
+        BATCH_ASSETS_HOME=str(tmp_path / "home"),
+    )
+    return env
