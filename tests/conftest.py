@@ -46,7 +46,9 @@ def server_url() -> str:
 
 @pytest.fixture(scope="session")
 def admin_engine(server_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(_with_db(server_url, "postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    engine = sa.create_engine(
+        _with_db(server_url, "postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool
+    )
     yield engine
     engine.dispose()
 

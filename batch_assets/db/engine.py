@@ -56,7 +56,9 @@ def describe_target(url: str | sa.URL) -> str:
     return f"{host}{port}/{parsed.database or ''}"
 
 
-def create_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: int = DEFAULT_MAX_OVERFLOW) -> sa.Engine:
+def create_engine(
+    url: str, *, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: int = DEFAULT_MAX_OVERFLOW
+) -> sa.Engine:
     """A new engine; prefer `get_engine` so a process holds one per URL."""
     return sa.create_engine(
         url,

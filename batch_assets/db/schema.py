@@ -102,6 +102,7 @@ job_locks = sa.Table(
     sa.Column("owner", sa.Text, nullable=False),
     sa.Column("locked_at", TZ, nullable=False),
     sa.Column("lock_until", TZ, nullable=False),
+    sa.Column("min_until", TZ, nullable=False),
 )
 
 leases = sa.Table(

@@ -111,11 +111,14 @@ CREATE TABLE IF NOT EXISTS ba_rules (
 );
 
 -- The job lock (PostgreSQL backend): expiring, compare-and-extend, compare-and-delete.
+-- lock_until is lock-at-most-for (renewed each heartbeat); min_until = locked_at +
+-- lock-at-least-for, kept on release so a very short run still blocks the next one.
 CREATE TABLE IF NOT EXISTS ba_job_locks (
     name        text PRIMARY KEY,
     owner       text NOT NULL,
     locked_at   timestamptz NOT NULL DEFAULT now(),
-    lock_until  timestamptz NOT NULL
+    lock_until  timestamptz NOT NULL,
+    min_until   timestamptz NOT NULL DEFAULT now()
 );
 
 -- Durable, owner-fenced run leases.

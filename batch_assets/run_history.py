@@ -1,0 +1,57 @@
+"""Run summaries in `ba_run_history`: how a job's numbers reach the CLI and the UI."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+INSERT_SUMMARY = sa.text(
+    """
+    INSERT INTO ba_run_history (run_id, job, mode, run_date, status, started_at, summary)
+    VALUES (:run_id, :job, :mode, :run_date, :status, :started_at, CAST(:summary AS jsonb))
+    """
+)
+# :run_id — the Dagster run id
+LATEST_SUMMARY = sa.text(
+    "SELECT summary FROM ba_run_history WHERE run_id = :run_id ORDER BY id DESC LIMIT 1"
+)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (date, datetime)):
+        return value.isoformat()
+    return str(value)
+
+
+def record(
+    engine: sa.Engine,
+    *,
+    run_id: str,
+    job: str,
+    status: str,
+    started_at: datetime,
+    summary: dict[str, Any],
+    mode: str | None = None,
+    run_date: date | None = None,
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            INSERT_SUMMARY,
+            {
+                "run_id": run_id,
+                "job": job,
+                "mode": mode,
+                "run_date": run_date,
+                "status": status,
+                "started_at": started_at,
+                "summary": json.dumps(summary, default=_jsonable),
+            },
+        )
+
+
+def latest(engine: sa.Engine, run_id: str) -> dict[str, Any] | None:
+    with engine.connect() as conn:
+        return conn.execute(LATEST_SUMMARY, {"run_id": run_id}).scalar()
