@@ -1,0 +1,136 @@
+"""A durable run lease with owner fencing (ba_leases), on the database clock only.
+
+Every operation filters on the owner, so a run that lost its lease cannot touch
+the new owner's state. `fence(conn)` runs inside each page transaction and locks
+the lease row until that transaction ends, so a takeover waits for the page to
+commit: a zombie can never commit a page after the lease moved on.
+
+Lock modes (why FOR KEY SHARE and not FOR SHARE): the owner's heartbeat is an
+UPDATE of non-key columns (FOR NO KEY UPDATE), which FOR SHARE would block for
+as long as any page transaction is open. With overlapping page transactions the
+heartbeat could starve and the lease expire under a healthy run. FOR KEY SHARE
+lets the heartbeat through, while a takeover or release still waits: takeover
+assigns the key column (`SET name = EXCLUDED.name`), so ON CONFLICT locks the row
+FOR UPDATE, and DELETE always does. tests/integration/test_lease.py checks both.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import sqlalchemy as sa
+
+from batch_assets.db.engine import translate_errors
+from batch_assets.errors import LeaseLost
+
+# :name, :owner, :ttl_s. Takes the lease if absent, expired or already ours.
+ACQUIRE_SQL = sa.text(
+    """
+    INSERT INTO ba_leases AS l (name, owner, acquired_at, heartbeat_at, expires_at)
+    VALUES (:name, :owner, now(), now(), now() + make_interval(secs => :ttl_s))
+    ON CONFLICT (name) DO UPDATE
+       SET name = EXCLUDED.name,
+           owner = EXCLUDED.owner,
+           acquired_at = CASE WHEN l.owner = EXCLUDED.owner THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
+           heartbeat_at = EXCLUDED.heartbeat_at,
+           expires_at = EXCLUDED.expires_at
+     WHERE l.owner = EXCLUDED.owner OR l.expires_at <= now()
+    RETURNING l.owner
+    """
+).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
+
+# :name, :owner, :ttl_s. Owner-filtered renewal; no row back means the lease is gone.
+HEARTBEAT_SQL = sa.text(
+    """
+    UPDATE ba_leases
+       SET heartbeat_at = now(), expires_at = now() + make_interval(secs => :ttl_s)
+     WHERE name = :name AND owner = :owner AND expires_at > now()
+    RETURNING owner
+    """
+).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
+
+# :name, :owner. clock_timestamp(), not now(): now() is the start of the page
+# transaction, which may be older than the lease's expiry.
+FENCE_SQL = sa.text(
+    """
+    SELECT 1 FROM ba_leases
+     WHERE name = :name AND owner = :owner AND expires_at > clock_timestamp()
+       FOR KEY SHARE
+    """
+)
+
+# :name, :owner
+RELEASE_SQL = sa.text("DELETE FROM ba_leases WHERE name = :name AND owner = :owner RETURNING owner")
+
+# :name
+OWNER_SQL = sa.text("SELECT owner FROM ba_leases WHERE name = :name AND expires_at > now()")
+
+# :name, :owner, :ttl_s. Unconditional takeover; returns the previous owner (NULL if none).
+STEAL_SQL = sa.text(
+    """
+    WITH prev AS (SELECT owner FROM ba_leases WHERE name = :name)
+    INSERT INTO ba_leases AS l (name, owner, acquired_at, heartbeat_at, expires_at)
+    VALUES (:name, :owner, now(), now(), now() + make_interval(secs => :ttl_s))
+    ON CONFLICT (name) DO UPDATE
+       SET name = EXCLUDED.name, owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at,
+           heartbeat_at = EXCLUDED.heartbeat_at, expires_at = EXCLUDED.expires_at
+    RETURNING (SELECT owner FROM prev)
+    """
+).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
+
+
+def make_owner(run_id: str) -> str:
+    """The owner string of this process for a run: "<run_id>@<host>:<pid>"."""
+    return f"{run_id}@{socket.gethostname()}:{os.getpid()}"
+
+
+class Lease:
+    """One named lease held by one owner, renewed by heartbeats, expiring on the database clock."""
+
+    def __init__(self, engine: sa.Engine, name: str, owner: str, ttl_s: float) -> None:
+        if ttl_s <= 0:
+            raise ValueError("ttl_s must be > 0")
+        self.engine = engine
+        self.name = name
+        self.owner = owner
+        self.ttl_s = float(ttl_s)
+
+    def _params(self) -> dict[str, object]:
+        return {"name": self.name, "owner": self.owner, "ttl_s": self.ttl_s}
+
+    def acquire(self) -> bool:
+        """Take the lease if it is absent, expired or already ours; False if another live owner holds it."""
+        with translate_errors(self.engine), self.engine.begin() as conn:
+            return conn.execute(ACQUIRE_SQL, self._params()).first() is not None
+
+    def heartbeat(self) -> bool:
+        """Renew the lease to now + ttl; False if it expired or another owner holds it."""
+        with translate_errors(self.engine), self.engine.begin() as conn:
+            return conn.execute(HEARTBEAT_SQL, self._params()).first() is not None
+
+    def release(self) -> bool:
+        """Delete the lease if it is still ours; False if it was not."""
+        with translate_errors(self.engine), self.engine.begin() as conn:
+            return conn.execute(RELEASE_SQL, {"name": self.name, "owner": self.owner}).first() is not None
+
+    def fence(self, conn: sa.Connection) -> None:
+        """Inside a write transaction: raise LeaseLost unless the lease is still ours, and hold it until commit."""
+        row = conn.execute(FENCE_SQL, {"name": self.name, "owner": self.owner}).first()
+        if row is None:
+            raise LeaseLost(f"lease {self.name!r} is no longer held by {self.owner}")
+
+
+def lease_owner(engine: sa.Engine, name: str) -> str | None:
+    """The owner of a live (unexpired) lease, or None."""
+    with translate_errors(engine), engine.connect() as conn:
+        return conn.execute(OWNER_SQL, {"name": name}).scalar()
+
+
+def steal_lease(engine: sa.Engine, name: str, new_owner: str, ttl_s: float) -> str | None:
+    """Admin takeover: give the lease to `new_owner` whatever its state; returns the previous owner.
+
+    Like a normal takeover it waits for any page transaction that fenced the lease.
+    """
+    with translate_errors(engine), engine.begin() as conn:
+        return conn.execute(STEAL_SQL, {"name": name, "owner": new_owner, "ttl_s": float(ttl_s)}).scalar()
