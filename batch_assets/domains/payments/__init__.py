@@ -1,0 +1,1 @@
+"""The payment task queue (CONTRACT §7): claim, process outside a transaction, retry, DLQ."""

@@ -1,0 +1,42 @@
+"""Bulk-insert payments with COPY (`seed payments`, `queue enqueue`), deterministic under a seed."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import sqlalchemy as sa
+
+from batch_assets.domains.payments import sql
+from batch_assets.errors import ConfigError
+
+
+def seed_payments(engine: sa.Engine, rows: int, *, seed: int | None = None) -> int:
+    """Insert `rows` NEW payments due now via COPY; the same seed yields the same ids and amounts."""
+    return copy_payments(engine, rows, seed=seed)
+
+
+def copy_payments(
+    engine: sa.Engine, count: int, *, seed: int | None = None, amount_range: tuple[int, int] = (100, 100_000)
+) -> int:
+    """COPY `count` payments (id, amount_cents) in one transaction; returns the number inserted."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ConfigError(f"must be a whole number >= 0, got {count!r}", field="count")
+    lo, hi = (int(v) for v in amount_range)
+    if lo < 0 or hi < lo:
+        raise ConfigError(f"must be 0 <= low <= high, got {amount_range!r}", field="amount_range")
+    if count == 0:
+        return 0
+    rng = random.Random(seed) if seed is not None else random.SystemRandom()
+    raw = engine.raw_connection()
+    try:
+        with raw.driver_connection.cursor() as cur, cur.copy(sql.COPY_PAYMENTS) as copy:
+            for _ in range(count):
+                copy.write_row((uuid.UUID(int=rng.getrandbits(128), version=4), rng.randint(lo, hi)))
+        raw.commit()
+    except BaseException:
+        raw.rollback()
+        raise
+    finally:
+        raw.close()
+    return count

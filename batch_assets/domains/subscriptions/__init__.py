@@ -1,0 +1,1 @@
+"""The nightly subscription expiry (CONTRACT §6)."""

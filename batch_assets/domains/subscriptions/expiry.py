@@ -1,0 +1,352 @@
+"""The nightly subscription expiry (CONTRACT §6).
+
+Transaction shape, and why:
+- Batches are read in keyset order (expiry_date, id) on `subscriptions_expiring_idx`, one
+  bounded read per batch with no transaction kept open, so memory is bounded by batch_size
+  and a row that could not be handled is never fetched again by the same run.
+- Each subscription is expired in its own short transaction (status EXPIRED + its enrollments
+  deleted, or neither), with SET LOCAL statement and lock timeouts, so one bad or locked row
+  cannot poison or stall the others (a failed statement aborts its whole transaction).
+- A failure is recorded (FAILED, retry_count + 1, last_error) in a second transaction of its
+  own, after the first one rolled back; FAILED rows leave the nightly selection.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from datetime import date
+from typing import Any
+
+import sqlalchemy as sa
+
+from batch_assets.db.engine import translate_errors
+from batch_assets.errors import ConfigError, LockNotAcquired
+
+log = logging.getLogger(__name__)
+
+JOB_LOCK_NAME = "subscription_expiry"
+ERROR_MAX_CHARS = 500
+_MIN_BIGINT = -(2**63)
+
+# NIGHTLY_BATCH — next ACTIVE subscriptions past their expiry, keyset on (expiry_date, id).
+#   :run_date    date    expire rows with expiry_date < run date
+#   :after_date  date    keyset: expiry_date of the last row seen (NULL at the start = -infinity)
+#   :after_id    bigint  keyset: id of the last row seen (the smallest bigint at the start)
+#   :limit       int     batch size
+NIGHTLY_BATCH = sa.text(
+    """
+SELECT id, expiry_date
+  FROM subscriptions
+ WHERE status = 'ACTIVE' AND expiry_date < :run_date
+   AND (expiry_date, id) > (coalesce(CAST(:after_date AS date), '-infinity'::date), :after_id)
+ ORDER BY expiry_date, id
+ LIMIT :limit
+"""
+)
+
+# RETRY_BATCH — next FAILED subscriptions still under the retry limit, keyset on id
+# (subscriptions_failed_idx).
+#   :run_date     date    only rows still past their expiry
+#   :max_retries  int     retry_count must be below this
+#   :after_id     bigint  keyset: id of the last row seen (the smallest bigint at the start)
+#   :limit        int     batch size
+RETRY_BATCH = sa.text(
+    """
+SELECT id, expiry_date
+  FROM subscriptions
+ WHERE status = 'FAILED' AND retry_count < :max_retries AND expiry_date < :run_date
+   AND id > :after_id
+ ORDER BY id
+ LIMIT :limit
+"""
+)
+
+# SET_TIMEOUTS — transaction-local statement and lock timeouts (SET LOCAL takes no parameters).
+#   :statement_ms  text  statement_timeout in milliseconds
+#   :lock_ms       text  lock_timeout in milliseconds
+SET_TIMEOUTS = sa.text(
+    "SELECT set_config('statement_timeout', :statement_ms, true), set_config('lock_timeout', :lock_ms, true)"
+)
+
+# EXPIRE_ONE — mark one subscription EXPIRED if it is still in the expected state and past its expiry.
+#   :id           bigint  subscription id
+#   :from_status  text    ACTIVE (nightly) or FAILED (retry)
+#   :run_date     date    the run date
+# Returns the id when the row was changed; nothing when another writer changed it meanwhile.
+EXPIRE_ONE = sa.text(
+    """
+UPDATE subscriptions
+   SET status = 'EXPIRED', last_error = NULL
+ WHERE id = :id AND status = :from_status AND expiry_date < :run_date
+RETURNING id
+"""
+)
+
+# DELETE_ENROLLMENTS — the enrollments of one subscription (enrollments_subscription_idx).
+#   :id  bigint  subscription id
+DELETE_ENROLLMENTS = sa.text("DELETE FROM enrollments WHERE subscription_id = :id")
+
+# MARK_FAILED — record a failed expiry: FAILED, retry_count + 1, last_error.
+#   :id           bigint  subscription id
+#   :from_status  text    the state the row was selected in (ACTIVE or FAILED)
+#   :error        text    one line, clipped
+MARK_FAILED = sa.text(
+    """
+UPDATE subscriptions
+   SET status = 'FAILED', retry_count = retry_count + 1, last_error = :error
+ WHERE id = :id AND status = :from_status
+"""
+)
+
+
+@dataclass(frozen=True)
+class ExpirySettings:
+    """Knobs of the expiry job; 0 or None means the documented default (use `build`)."""
+
+    batch_size: int = 500  # rows read per keyset batch (1..10000)
+    max_retries: int = 3  # retry_failed retries rows with retry_count below this
+    lock_ttl_s: float = 3600  # lock-at-most-for; extended after each batch
+    lock_min_s: float = 60  # lock-at-least-for
+    row_timeout_s: float = 5  # statement_timeout of each per-row transaction; lock_timeout is half of it
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(f"must be a number, got {value!r}", field=f.name)
+            if value <= 0:
+                raise ConfigError(f"must be > 0, got {value!r}", field=f.name)
+            if f.type in ("int", int) and int(value) != value:
+                raise ConfigError(f"must be a whole number, got {value!r}", field=f.name)
+        if self.batch_size > 10_000:
+            raise ConfigError(f"must be <= 10000, got {self.batch_size}", field="batch_size")
+        if self.lock_min_s > self.lock_ttl_s:
+            raise ConfigError(f"must be <= lock_ttl_s ({self.lock_ttl_s}), got {self.lock_min_s}", field="lock_min_s")
+        if self.row_timeout_s >= self.lock_ttl_s:
+            raise ConfigError("must be < lock_ttl_s", field="row_timeout_s")
+
+    @classmethod
+    def build(cls, **overrides: Any) -> ExpirySettings:
+        """Settings from keyword overrides; a value of 0 or None takes the default; unknown names are errors."""
+        known = {f.name for f in fields(cls)}
+        for name in overrides:
+            if name not in known:
+                raise ConfigError("unknown setting", field=name)
+        return cls(**{k: v for k, v in overrides.items() if v is not None and v != 0})
+
+
+@dataclass
+class ExpiryResult:
+    """Counters of one expiry run."""
+
+    run_date: date
+    mode: str = "nightly"  # nightly | retry_failed
+    scanned: int = 0  # rows selected
+    expired: int = 0  # rows set EXPIRED (their enrollments deleted)
+    unchanged: int = 0  # selected, but changed by another writer before this run got to them
+    failed: int = 0  # rows whose expiry failed this run
+    failed_by_type: Counter[str] = field(default_factory=Counter)
+    enrollments_deleted: int = 0
+    batches: int = 0
+    max_batch_rows: int = 0
+    duration_s: float = 0.0
+    stopped_by: str = ""  # done | stop | lock_lost
+    status: str = "SUCCESS"
+
+    def to_summary(self, run_id: str) -> dict[str, Any]:
+        """The CONTRACT §2 summary (changed = expired) plus run_date, mode and extras."""
+        return {
+            "status": self.status,
+            "run_id": run_id,
+            "scanned": self.scanned,
+            "changed": self.expired,
+            "unchanged": self.unchanged,
+            "failed": self.failed,
+            "failed_by_type": dict(sorted(self.failed_by_type.items())),
+            "duration_s": round(self.duration_s, 3),
+            "run_date": self.run_date.isoformat(),
+            "mode": self.mode,
+            "enrollments_deleted": self.enrollments_deleted,
+            "batches": self.batches,
+            "stopped_by": self.stopped_by,
+        }
+
+
+def run_expiry(
+    engine: sa.Engine,
+    *,
+    run_date: date,
+    settings: ExpirySettings,
+    retry_failed: bool = False,
+    stop: threading.Event | None = None,
+    progress: Callable[[ExpiryResult], None] | None = None,
+    keep_alive: Callable[[], bool] | None = None,
+) -> ExpiryResult:
+    """Expire ACTIVE subscriptions with expiry_date < run_date (or, retry_failed=True, retry FAILED ones).
+
+    Each row is expired atomically in its own transaction; a row that fails is marked FAILED
+    (retry_count + 1, last_error) in a transaction of its own and the run goes on. A lost
+    database connection ends the run with `DatabaseUnavailable`. `keep_alive` is called after
+    each batch (e.g. to extend the job lock); False stops the run before the next batch.
+    """
+    if not isinstance(run_date, date):
+        raise ConfigError(f"must be a date, got {run_date!r}", field="run_date")
+    started = time.monotonic()
+    result = ExpiryResult(run_date=run_date, mode="retry_failed" if retry_failed else "nightly")
+    from_status = "FAILED" if retry_failed else "ACTIVE"
+    # lock_timeout below statement_timeout, so a row lock held by another writer is
+    # reported as lock_not_available rather than as a generic statement timeout.
+    timeouts = {
+        "statement_ms": str(max(1, round(settings.row_timeout_s * 1000))),
+        "lock_ms": str(max(1, round(settings.row_timeout_s * 500))),
+    }
+    after_date: date | None = None
+    after_id = _MIN_BIGINT
+    reason = "done"
+    with translate_errors(engine), engine.connect() as conn:
+        while True:
+            if stop is not None and stop.is_set():
+                reason = "stop"
+                break
+            with conn.begin():
+                if retry_failed:
+                    params = {"run_date": run_date, "max_retries": settings.max_retries, "after_id": after_id}
+                    batch = conn.execute(RETRY_BATCH, {**params, "limit": settings.batch_size}).all()
+                else:
+                    params = {"run_date": run_date, "after_date": after_date, "after_id": after_id}
+                    batch = conn.execute(NIGHTLY_BATCH, {**params, "limit": settings.batch_size}).all()
+            if not batch:
+                break
+            result.batches += 1
+            result.max_batch_rows = max(result.max_batch_rows, len(batch))
+            for row in batch:
+                if stop is not None and stop.is_set():
+                    break
+                result.scanned += 1
+                _expire_one(conn, row.id, from_status, run_date, timeouts, result)
+                after_date, after_id = row.expiry_date, row.id
+            result.duration_s = time.monotonic() - started
+            if progress is not None:
+                progress(result)
+            if keep_alive is not None and not keep_alive():
+                reason = "lock_lost"
+                break
+            if len(batch) < settings.batch_size:
+                break
+    if reason == "lock_lost":
+        result.status = "FAILURE"
+    result.stopped_by = "stop" if stop is not None and stop.is_set() else reason
+    result.duration_s = time.monotonic() - started
+    log.info(
+        "subscription expiry %s run_date=%s: scanned=%d expired=%d failed=%d",
+        result.mode,
+        run_date,
+        result.scanned,
+        result.expired,
+        result.failed,
+    )
+    return result
+
+
+def run_expiry_job(
+    engine: sa.Engine,
+    *,
+    run_date: date,
+    settings: ExpirySettings,
+    run_id: str,
+    retry_failed: bool = False,
+    lock: Any = None,
+    stop: threading.Event | None = None,
+    progress: Callable[[ExpiryResult], None] | None = None,
+) -> ExpiryResult:
+    """Run the expiry under the single-instance job lock "subscription_expiry"; `LockNotAcquired` when held.
+
+    The lock is taken with lock-at-most-for = lock_ttl_s (extended after each batch; the run
+    stops if it was lost) and lock-at-least-for = lock_min_s, and released in `finally`.
+    """
+    if lock is None:
+        from batch_assets.locking.lock import PostgresJobLock
+
+        lock = PostgresJobLock(engine)
+    owner = f"{run_id}@{socket.gethostname()}:{os.getpid()}"
+    if not lock.acquire(JOB_LOCK_NAME, owner, settings.lock_ttl_s, settings.lock_min_s):
+        raise LockNotAcquired(f"job lock {JOB_LOCK_NAME!r} is held by another run")
+    extend = getattr(lock, "extend", None)
+
+    def keep_alive() -> bool:
+        return True if extend is None else bool(extend(JOB_LOCK_NAME, owner, settings.lock_ttl_s))
+
+    try:
+        return run_expiry(
+            engine,
+            run_date=run_date,
+            settings=settings,
+            retry_failed=retry_failed,
+            stop=stop,
+            progress=progress,
+            keep_alive=keep_alive,
+        )
+    finally:
+        lock.release(JOB_LOCK_NAME, owner)
+
+
+def _expire_one(
+    conn: sa.Connection, sub_id: int, from_status: str, run_date: date, timeouts: dict[str, str], result: ExpiryResult
+) -> None:
+    try:
+        with conn.begin():
+            conn.execute(SET_TIMEOUTS, timeouts)
+            changed = conn.execute(EXPIRE_ONE, {"id": sub_id, "from_status": from_status, "run_date": run_date}).first()
+            if changed is None:
+                result.unchanged += 1
+                return
+            deleted = conn.execute(DELETE_ENROLLMENTS, {"id": sub_id}).rowcount
+    except sa.exc.DBAPIError as exc:
+        if exc.connection_invalidated or not isinstance(exc, sa.exc.DatabaseError) or _connection_level(exc):
+            raise
+        kind, error = _describe(exc)
+        result.failed += 1
+        result.failed_by_type[kind] += 1
+        log.warning("subscription %s: expiry failed (%s)", sub_id, kind)
+        _mark_failed(conn, sub_id, from_status, error, timeouts)
+        return
+    result.expired += 1
+    result.enrollments_deleted += max(deleted, 0)
+
+
+def _mark_failed(conn: sa.Connection, sub_id: int, from_status: str, error: str, timeouts: dict[str, str]) -> None:
+    """Record the failure in a transaction of its own; if even that fails, the row stays as it was."""
+    try:
+        with conn.begin():
+            conn.execute(SET_TIMEOUTS, timeouts)
+            conn.execute(MARK_FAILED, {"id": sub_id, "from_status": from_status, "error": error})
+    except sa.exc.DBAPIError as exc:
+        if exc.connection_invalidated or not isinstance(exc, sa.exc.DatabaseError) or _connection_level(exc):
+            raise
+        # e.g. the subscription row itself is locked by another writer: it stays selectable
+        # and the next run tries it again; this run's keyset has already moved past it.
+        log.warning("subscription %s: could not record the failure (%s)", sub_id, _describe(exc)[0])
+
+
+def _connection_level(exc: sa.exc.DBAPIError) -> bool:
+    # Class 08 = connection exception; 57P0x = admin shutdown / crash shutdown / cannot connect now.
+    sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+    return sqlstate.startswith("08") or sqlstate.startswith("57P")
+
+
+def _describe(exc: sa.exc.DBAPIError) -> tuple[str, str]:
+    """(kind, one-line error) of a per-row database error; kind is the driver's error class in snake_case."""
+    orig = exc.orig if exc.orig is not None else exc
+    kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(orig).__name__).lower()
+    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    text = f"{kind}: {first}"
+    return kind, text if len(text) <= ERROR_MAX_CHARS else text[: ERROR_MAX_CHARS - 1] + "…"
