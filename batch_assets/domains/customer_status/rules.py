@@ -153,3 +153,61 @@ def parse_dob(text: str) -> date:
     if len(text) != 10 or text[4] != "-" or text[7] != "-":
         raise ValueError("not YYYY-MM-DD")
     return date(int(text[0:4]), int(text[5:7]), int(text[8:10]))
+
+
+# Config-change pre-check -------------------------------------------------------
+
+
+def next_min_age(rules: Rules, index: int) -> int | None:
+    """min_age of the rule after `index`, None for the last rule."""
+    return rules.rules[index + 1].min_age if index + 1 < len(rules.rules) else None
+
+
+def candidate_dobs(next_review: date, age: int) -> tuple[date, ...]:
+    """Every date of birth that reaches `age` on `next_review` (two for a 1 March after 29 February)."""
+    year = next_review.year - age
+    if year < 1:
+        return ()
+    candidates = []
+    for month, day in ((next_review.month, next_review.day), (2, 29)):
+        try:
+            dob = date(year, month, day)
+        except ValueError:
+            continue
+        if dob not in candidates and date_reaching_age(dob, age) == next_review:
+            candidates.append(dob)
+    return tuple(candidates)
+
+
+def needs_evaluation(
+    stored_category: str | None, stored_next_review: date | None, run_date: date, old: Rules | None, new: Rules
+) -> bool:
+    """Config-change pre-check on the narrow projection: True = the row needs the full evaluation.
+
+    False only when the stored (category, next_review_date), settled under the
+    `old` rules, provably equals what `evaluate` gives under the `new` rules. Uses
+    the same helpers as `evaluate` (age_on, date_reaching_age, index_for_age), so
+    the two cannot disagree; undecidable cases answer True (evaluate).
+    """
+    if old is None or stored_category is None or stored_next_review is None or stored_next_review <= run_date:
+        return True  # not settled: NULLs, or due today or earlier
+    old_index = old.index_of(stored_category)
+    new_index = new.index_of(stored_category)
+    if old_index is None or new_index is None:
+        return True
+    old_next = next_min_age(old, old_index)
+    if old_next != next_min_age(new, new_index):
+        return True  # a different next threshold means a different next_review_date
+    if old_next is None:
+        # Final category under both: stored as the sentinel; only "age >= old min" is known.
+        if stored_next_review != SENTINEL:
+            return True
+        return new.rules[new_index].min_age > old.rules[old_index].min_age
+    dobs = [dob for dob in candidate_dobs(stored_next_review, old_next) if dob <= run_date]
+    if not dobs:
+        return True
+    for dob in dobs:
+        age = age_on(dob, run_date)
+        if old.index_for_age(age) != old_index or new.index_for_age(age) != new_index:
+            return True  # not what the old rules would have stored, or the category moves
+    return False

@@ -1,0 +1,67 @@
+"""run_customer_status_sweep(): validate, load the rules, build the sweep, run it."""
+
+from __future__ import annotations
+
+import threading
+from datetime import date, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from batch_assets.crypto import DobCipher
+from batch_assets.domains.customer_status.rules_store import current_rules, previous_rules
+from batch_assets.domains.customer_status.sweep import MODES, CustomerStatusSweep
+from batch_assets.engine.definition import CheckpointStoreLike, CursorRange, RunContext, RunGuardLike
+from batch_assets.engine.result import SweepResult
+from batch_assets.engine.runner import ProgressCallback, run_sweep
+from batch_assets.engine.settings import SweepSettings
+from batch_assets.errors import ConfigError
+
+
+def run_customer_status_sweep(
+    engine: sa.Engine,
+    cipher: DobCipher,
+    *,
+    mode: str,
+    run_date: date,
+    settings: SweepSettings | dict[str, Any] | None,
+    run_id: str,
+    guard: RunGuardLike | None = None,
+    checkpoints: CheckpointStoreLike | None = None,
+    stop: threading.Event | None = None,
+    cursor_range: CursorRange | None = None,
+    progress: ProgressCallback | None = None,
+) -> SweepResult:
+    """The customer-status sweep of CONTRACT §5; every argument is validated before any read or write."""
+    if mode not in MODES:
+        raise ConfigError(f"must be one of {', '.join(MODES)}, got {mode!r}", field="mode")
+    if not isinstance(run_date, date) or isinstance(run_date, datetime):
+        raise ConfigError("must be a date", field="run_date")
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise ConfigError("must be a non-empty string", field="run_id")
+    if not isinstance(cipher, DobCipher):
+        raise ConfigError("a DobCipher is required", field="encryption_key")
+    if settings is None:
+        settings = SweepSettings.build()
+    elif isinstance(settings, dict):
+        settings = SweepSettings.build(**settings)
+    settings.validate()
+    if cursor_range is not None and not cursor_range.is_full and mode == "delta":
+        raise ConfigError("delta runs over the whole key space only", field="cursor_range")
+    with engine.connect() as conn:
+        _, rules = current_rules(conn)
+        old_rules = previous_rules(conn) if mode == "config-change" else None
+    definition = CustomerStatusSweep(mode, cipher=cipher, run_date=run_date, rules=rules, previous_rules=old_rules)
+    # A checkpoint is resumed only by a run with the same rules and run date.
+    ctx = RunContext(run_id=run_id, mode=mode, run_date=run_date, fingerprint=f"{rules.fingerprint}:{run_date}")
+    return run_sweep(
+        engine,
+        definition,
+        settings,
+        ctx,
+        checkpoints=checkpoints,
+        guard=guard,
+        stop=stop,
+        cursor_range=cursor_range,
+        progress=progress,
+    )

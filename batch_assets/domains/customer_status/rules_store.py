@@ -1,0 +1,56 @@
+"""Age-category rules in `ba_rules`: one row per version, the current one is the highest.
+
+An empty table means DEFAULT_RULES (version 0).
+"""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+
+from batch_assets.domains.customer_status import sql
+from batch_assets.domains.customer_status.rules import DEFAULT_RULES, Rules
+from batch_assets.errors import ConfigError
+
+
+def _rules_of(stored: object) -> Rules:
+    if isinstance(stored, str):
+        stored = json.loads(stored)
+    if not isinstance(stored, list) or not all(isinstance(p, list) and len(p) == 2 for p in stored):
+        raise ConfigError("stored rules are not a list of [category, min_age]", field="thresholds")
+    return Rules.from_pairs([(p[0], p[1]) for p in stored])
+
+
+def current_rules(conn: sa.Connection) -> tuple[int, Rules]:
+    """(version, rules) in force; (0, DEFAULT_RULES) when none were ever set."""
+    row = conn.exec_driver_sql(sql.CURRENT_RULES).first()
+    if row is None:
+        return 0, DEFAULT_RULES
+    return int(row[0]), _rules_of(row[1])
+
+
+def previous_rules(conn: sa.Connection) -> Rules | None:
+    """The rules before the current version (DEFAULT_RULES before the first stored one); None if never changed."""
+    rows = conn.exec_driver_sql(sql.CURRENT_RULES).first()
+    if rows is None:
+        return None
+    previous = conn.exec_driver_sql(sql.PREVIOUS_RULES).first()
+    if previous is None:
+        first = _rules_of(rows[1])
+        return None if first.fingerprint == DEFAULT_RULES.fingerprint else DEFAULT_RULES
+    return _rules_of(previous[1])
+
+
+def set_rules(engine: sa.Engine, rules: Rules) -> int:
+    """Store `rules` as the new current version and return it; a no-op returning the current
+    version when the fingerprint equals the current one."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(sql.LOCK_RULES)
+        version, current = current_rules(conn)
+        if current.fingerprint == rules.fingerprint:
+            return version
+        row = conn.exec_driver_sql(
+            sql.INSERT_RULES, {"rules": json.dumps(rules.to_json()), "fingerprint": rules.fingerprint}
+        ).one()
+        return int(row[0])

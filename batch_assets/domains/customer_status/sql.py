@@ -1,0 +1,109 @@
+"""The customer-status sweep's statements, by name. Bound parameters only (psycopg `%(name)s`).
+
+The narrow projection every read returns is the row type of the sweep:
+(id uuid, encrypted_dob bytea, age_category text, next_review_date date).
+"""
+
+from __future__ import annotations
+
+_COLUMNS = "id, encrypted_dob, age_category, next_review_date"
+
+# FULL_FIRST_PAGE — full / config-change, first page of a UUID range.
+# Parameters: lo uuid, hi uuid (inclusive bounds), limit int.
+FULL_FIRST_PAGE = f"""
+SELECT {_COLUMNS}
+  FROM customers
+ WHERE status = 'ACTIVE' AND id >= %(lo)s AND id <= %(hi)s
+ ORDER BY id
+ LIMIT %(limit)s
+"""  # noqa: S608 — only the constant column list is interpolated
+
+# FULL_AFTER_PAGE — full / config-change, the page after a cursor.
+# Parameters: after uuid (cursor, exclusive), hi uuid (inclusive), limit int.
+FULL_AFTER_PAGE = f"""
+SELECT {_COLUMNS}
+  FROM customers
+ WHERE status = 'ACTIVE' AND id > %(after)s AND id <= %(hi)s
+ ORDER BY id
+ LIMIT %(limit)s
+"""  # noqa: S608
+
+# DELTA_FIRST_PAGE — delta, first page: due (NULL or <= run date), in customers_due_idx order.
+# Parameters: run_date date, limit int.
+DELTA_FIRST_PAGE = f"""
+SELECT {_COLUMNS}
+  FROM customers
+ WHERE status = 'ACTIVE' AND coalesce(next_review_date, '-infinity'::date) <= %(run_date)s
+ ORDER BY coalesce(next_review_date, '-infinity'::date), id
+ LIMIT %(limit)s
+"""  # noqa: S608
+
+# DELTA_AFTER_PAGE — delta, the page after a cursor (coalesce(next_review_date, '-infinity'), id).
+# Parameters: after_date text ('YYYY-MM-DD' or '-infinity'), after_id uuid, run_date date, limit int.
+DELTA_AFTER_PAGE = f"""
+SELECT {_COLUMNS}
+  FROM customers
+ WHERE status = 'ACTIVE'
+   AND coalesce(next_review_date, '-infinity'::date) <= %(run_date)s
+   AND (coalesce(next_review_date, '-infinity'::date), id) > (CAST(%(after_date)s AS date), %(after_id)s)
+ ORDER BY coalesce(next_review_date, '-infinity'::date), id
+ LIMIT %(limit)s
+"""  # noqa: S608
+
+# INSERT_REVIEW_TRIGGERS — the side effect, written before the page write in its own transaction.
+# Parameters: customer_ids uuid[], from_categories text[], to_categories text[], effective_dates date[].
+INSERT_REVIEW_TRIGGERS = """
+INSERT INTO review_triggers (customer_id, from_category, to_category, effective_date)
+SELECT * FROM unnest(CAST(%(customer_ids)s AS uuid[]), CAST(%(from_categories)s AS text[]),
+                     CAST(%(to_categories)s AS text[]), CAST(%(effective_dates)s AS date[]))
+ON CONFLICT (customer_id, to_category, effective_date) DO NOTHING
+"""
+
+# WRITE_PAGE — one statement: the category and its next_review_date stamp for every changed row
+# (UPDATE ... FROM unnest), and one age_category_changed outbox event per row whose category
+# changed, built in SQL from the rows actually updated. A row is updated only if it still holds
+# what was read (optimistic check), so a row edited meanwhile is left due for the next run.
+# The payload holds ids and categories only: never a date of birth, never next_review_date.
+# Parameters: ids uuid[], old_categories text[], old_dates date[], new_categories text[], new_dates date[].
+# Returns one row: (rows updated with a computed date, outbox events inserted).
+WRITE_PAGE = """
+WITH v AS (
+    SELECT * FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(old_categories)s AS text[]),
+                         CAST(%(old_dates)s AS date[]), CAST(%(new_categories)s AS text[]),
+                         CAST(%(new_dates)s AS date[]))
+        AS v(id, old_category, old_date, new_category, new_date)
+), updated AS (
+    UPDATE customers AS c
+       SET age_category = v.new_category, next_review_date = v.new_date, updated_at = now()
+      FROM v
+     WHERE c.id = v.id
+       AND c.status = 'ACTIVE'
+       AND c.age_category IS NOT DISTINCT FROM v.old_category
+       AND c.next_review_date IS NOT DISTINCT FROM v.old_date
+    RETURNING c.id, v.old_category, v.new_category, v.new_date
+), events AS (
+    INSERT INTO outbox_events (aggregate_id, event_type, payload)
+    SELECT u.id, 'age_category_changed',
+           jsonb_build_object('customer_id', u.id, 'from_category', u.old_category,
+                              'to_category', u.new_category)
+      FROM updated AS u
+     WHERE u.old_category IS DISTINCT FROM u.new_category
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM updated WHERE new_date IS NOT NULL), (SELECT count(*) FROM events)
+"""
+
+# CURRENT_RULES — the highest version of ba_rules. No parameters.
+CURRENT_RULES = "SELECT version, rules, fingerprint FROM ba_rules ORDER BY version DESC LIMIT 1"
+
+# PREVIOUS_RULES — the version just below the current one. No parameters.
+PREVIOUS_RULES = "SELECT version, rules, fingerprint FROM ba_rules ORDER BY version DESC LIMIT 1 OFFSET 1"
+
+# INSERT_RULES — a new version. Parameters: rules jsonb (text), fingerprint text.
+INSERT_RULES = """
+INSERT INTO ba_rules (rules, fingerprint) VALUES (CAST(%(rules)s AS jsonb), %(fingerprint)s)
+RETURNING version
+"""
+
+# LOCK_RULES — serialise concurrent set_rules calls. No parameters.
+LOCK_RULES = "LOCK TABLE ba_rules IN SHARE ROW EXCLUSIVE MODE"

@@ -1,0 +1,165 @@
+"""The customer-status sweep (CONTRACT §5) as a SweepDefinition plug-in.
+
+Row = (id, encrypted_dob, age_category, next_review_date). Only encrypted_dob is
+decrypted, at most once per row; decrypted values never leave this module's
+memory and are never logged. The rules and run date are fixed per instance
+(per run), and evaluations are memoised per date-of-birth text for the run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import date
+from typing import Any
+
+import sqlalchemy as sa
+
+from batch_assets.crypto import DobCipher
+from batch_assets.domains.customer_status import sql
+from batch_assets.domains.customer_status.rules import Rules, evaluate, needs_evaluation, parse_dob
+from batch_assets.engine.definition import CursorRange, RowOutcome, SweepDefinition, WriteCounts
+from batch_assets.engine.result import DATA_FAILURES, DECRYPT_FAILURE, INVALID_VALUE, MISSING_DATA
+from batch_assets.errors import DecryptError
+
+SWEEP_NAME = "customer_status"
+MODES = ("delta", "full", "config-change")
+NEGATIVE_INFINITY = "-infinity"
+MAX_MEMO = 100_000
+"""Bound of the per-run evaluation memo (distinct dates of birth); cleared when exceeded."""
+
+_INVALID = ("", None, None)
+
+
+class CustomerStatusSweep(SweepDefinition):
+    """delta | full | config-change over ACTIVE customers."""
+
+    name = SWEEP_NAME
+    modes = MODES
+    ranged_modes = ("full", "config-change")
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        cipher: DobCipher,
+        run_date: date,
+        rules: Rules,
+        previous_rules: Rules | None = None,
+    ) -> None:
+        super().__init__(mode)
+        self.run_date = run_date
+        self.rules = rules
+        self.previous_rules = previous_rules
+        # config-change skips the decrypt of rows the rule change cannot affect.
+        self.uses_pre_check = mode == "config-change" and previous_rules is not None
+        self._decrypt = cipher.decrypt_text
+        self._memo: dict[str, tuple[str, date | None, date | None]] = {}
+        self._unchanged_decrypted = RowOutcome(None, None, 1)
+
+    # Reading ---------------------------------------------------------------
+
+    def first_page_sql(self) -> str:
+        return sql.DELTA_FIRST_PAGE if self.mode == "delta" else sql.FULL_FIRST_PAGE
+
+    def after_page_sql(self) -> str:
+        return sql.DELTA_AFTER_PAGE if self.mode == "delta" else sql.FULL_AFTER_PAGE
+
+    def page_params(self, cursor: Any, limit: int, cursor_range: CursorRange) -> dict[str, Any]:
+        if self.mode == "delta":
+            params: dict[str, Any] = {"run_date": self.run_date, "limit": limit}
+            if cursor is not None:
+                params["after_date"], after_id = cursor
+                params["after_id"] = uuid.UUID(after_id)
+            return params
+        if cursor is None:
+            return {"lo": cursor_range.lo, "hi": cursor_range.hi, "limit": limit}
+        return {"after": uuid.UUID(cursor), "hi": cursor_range.hi, "limit": limit}
+
+    def cursor_of(self, row: Any) -> Any:
+        if self.mode == "delta":
+            return [NEGATIVE_INFINITY if row[3] is None else row[3].isoformat(), str(row[0])]
+        return str(row[0])
+
+    def describe(self, row: Any) -> str:
+        return str(row[0])
+
+    # Computing -------------------------------------------------------------
+
+    def pre_check(self, row: Any) -> bool:
+        return needs_evaluation(row[2], row[3], self.run_date, self.previous_rules, self.rules)
+
+    def compute(self, row: Any) -> RowOutcome:
+        customer_id, blob, category, next_review = row
+        if blob is None:
+            return self._failed(MISSING_DATA, category, next_review, customer_id, 0)
+        try:
+            text = self._decrypt(customer_id, blob)
+        except DecryptError:
+            return self._failed(DECRYPT_FAILURE, category, next_review, customer_id, 1)
+        result = self._memo.get(text)
+        if result is None:
+            result = self._evaluate(text)
+        new_category, new_review, since = result
+        if new_review is None:
+            return self._failed(INVALID_VALUE, category, next_review, customer_id, 1)
+        if new_category == category and new_review == next_review:
+            return self._unchanged_decrypted
+        trigger_since = since if category is not None and category != new_category else None
+        return RowOutcome((customer_id, category, next_review, new_category, new_review, trigger_since), None, 1)
+
+    def _evaluate(self, text: str) -> tuple[str, date | None, date | None]:
+        try:
+            dob = parse_dob(text)
+            if dob > self.run_date:
+                result = _INVALID
+            else:
+                evaluation = evaluate(dob, self.run_date, self.rules)
+                result = (evaluation.category, evaluation.next_review_date, evaluation.category_since)
+        except (ValueError, OverflowError):
+            result = _INVALID
+        if len(self._memo) >= MAX_MEMO:
+            self._memo.clear()
+        self._memo[text] = result
+        return result
+
+    def _failed(
+        self, kind: str, category: str | None, next_review: date | None, customer_id: uuid.UUID, decrypted: int
+    ) -> RowOutcome:
+        # A row that cannot be evaluated keeps its category and must stay due: a future date left by an
+        # earlier run is cleared for data failures. Decrypt failures write nothing (often a wrong key:
+        # the breaker decides), the next full sweep sees those rows again.
+        if kind in DATA_FAILURES and next_review is not None and next_review > self.run_date:
+            return RowOutcome((customer_id, category, next_review, category, None, None), kind, decrypted)
+        return RowOutcome(None, kind, decrypted)
+
+    # Writing ---------------------------------------------------------------
+
+    def write_side_effects(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> int:
+        triggers = [o.change for o in changed if o.change[5] is not None]
+        if not triggers:
+            return 0
+        result = conn.exec_driver_sql(
+            sql.INSERT_REVIEW_TRIGGERS,
+            {
+                "customer_ids": [t[0] for t in triggers],
+                "from_categories": [t[1] for t in triggers],
+                "to_categories": [t[3] for t in triggers],
+                "effective_dates": [t[5] for t in triggers],
+            },
+        )
+        return result.rowcount
+
+    def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
+        changes = [o.change for o in changed]
+        rows, events = conn.exec_driver_sql(
+            sql.WRITE_PAGE,
+            {
+                "ids": [c[0] for c in changes],
+                "old_categories": [c[1] for c in changes],
+                "old_dates": [c[2] for c in changes],
+                "new_categories": [c[3] for c in changes],
+                "new_dates": [c[4] for c in changes],
+            },
+        ).one()
+        return WriteCounts(int(rows), int(events))

@@ -1,0 +1,1 @@
+"""The sweep engine: plain Python over SQLAlchemy, no Dagster."""

@@ -1,0 +1,138 @@
+"""Run counters and the sweep's result (CONTRACT §2 summary keys)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+SUCCESS = "SUCCESS"
+FAILURE = "FAILURE"
+SKIPPED = "SKIPPED"
+
+MISSING_DATA = "missing_data"
+INVALID_VALUE = "invalid_value"
+DECRYPT_FAILURE = "decrypt_failure"
+WRITE_ERROR = "write_error"
+
+FAILURE_KINDS = (MISSING_DATA, INVALID_VALUE, DECRYPT_FAILURE, WRITE_ERROR)
+DATA_FAILURES = frozenset({MISSING_DATA, INVALID_VALUE})
+"""Expected, per-row and never fatal; every other kind is systemic and feeds the breaker."""
+
+
+class Counters:
+    """Thread-safe run counters; merged once per page, never per row from several threads."""
+
+    __slots__ = ("_lock", "scanned", "changed", "unchanged", "failed", "failed_by_type", "pages", "decrypted",
+                 "triggers", "audit_events")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.scanned = 0
+        self.changed = 0
+        self.unchanged = 0
+        self.failed = 0
+        self.failed_by_type = dict.fromkeys(FAILURE_KINDS, 0)
+        self.pages = 0
+        self.decrypted = 0
+        self.triggers = 0
+        self.audit_events = 0
+
+    def merge(self, page: PageCounts) -> None:
+        with self._lock:
+            self.scanned += page.scanned
+            self.changed += page.changed
+            self.unchanged += page.unchanged
+            self.failed += page.failed
+            for kind, count in page.failed_by_type.items():
+                self.failed_by_type[kind] = self.failed_by_type.get(kind, 0) + count
+            self.pages += 1
+            self.decrypted += page.decrypted
+            self.triggers += page.triggers
+            self.audit_events += page.audit_events
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "scanned": self.scanned,
+                "changed": self.changed,
+                "unchanged": self.unchanged,
+                "failed": self.failed,
+                "failed_by_type": dict(self.failed_by_type),
+                "pages": self.pages,
+                "decrypted": self.decrypted,
+                "triggers": self.triggers,
+                "audit_events": self.audit_events,
+            }
+
+
+class PageCounts:
+    """What one page did; only committed writes are counted as changed."""
+
+    __slots__ = ("scanned", "changed", "unchanged", "failed", "failed_by_type", "decrypted", "triggers",
+                 "audit_events", "systemic")
+
+    def __init__(self) -> None:
+        self.scanned = 0
+        self.changed = 0
+        self.unchanged = 0
+        self.failed = 0
+        self.failed_by_type: dict[str, int] = {}
+        self.decrypted = 0
+        self.triggers = 0
+        self.audit_events = 0
+        self.systemic = 0
+
+    def fail(self, kind: str, count: int = 1, *, systemic: bool | None = None) -> None:
+        self.failed += count
+        self.failed_by_type[kind] = self.failed_by_type.get(kind, 0) + count
+        if systemic if systemic is not None else kind not in DATA_FAILURES:
+            self.systemic += count
+
+
+@dataclass
+class SweepResult:
+    status: str
+    run_id: str
+    mode: str
+    run_date: date
+    scanned: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    failed: int = 0
+    failed_by_type: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
+    pages: int = 0
+    decrypted: int = 0
+    triggers: int = 0
+    audit_events: int = 0
+    resumed_from: Any = None
+    duration_s: float = 0.0
+    stopped_reason: str | None = None
+    last_cursor: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == SUCCESS
+
+    def to_summary(self) -> dict[str, Any]:
+        """The JSON object of CONTRACT §2 (plus stopped_reason and last_cursor)."""
+        return {
+            "status": self.status,
+            "run_id": self.run_id,
+            "mode": self.mode,
+            "run_date": self.run_date.isoformat(),
+            "scanned": self.scanned,
+            "changed": self.changed,
+            "unchanged": self.unchanged,
+            "failed": self.failed,
+            "failed_by_type": dict(self.failed_by_type),
+            "pages": self.pages,
+            "decrypted": self.decrypted,
+            "triggers": self.triggers,
+            "audit_events": self.audit_events,
+            "resumed_from": self.resumed_from,
+            "duration_s": round(self.duration_s, 3),
+            "stopped_reason": self.stopped_reason,
+            "last_cursor": self.last_cursor,
+        }

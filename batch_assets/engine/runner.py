@@ -1,0 +1,404 @@
+"""run_sweep(): pages, a worker pool, a window, a prefetch thread, FIFO drain.
+
+A page is read outside any transaction, computed outside any transaction, then
+written in (at most) two short transactions: the side effects that must survive
+(review triggers) first, then the page write (data + stamp + outbox) with its
+own statement and lock timeouts. When the page write fails it is rolled back
+and redone row by row, each row in its own short transaction, so one poisoned
+row fails only itself; only committed writes are counted.
+
+Pages finish out of order, so results are drained strictly in FIFO order and
+only the front page's cursor is checkpointed: everything at or before the
+checkpoint is finished (the low watermark). Re-running a page is a no-op, so
+resuming from the low watermark at worst repeats finished pages.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import sqlalchemy as sa
+
+from batch_assets.engine.definition import (
+    FULL_RANGE,
+    CheckpointStoreLike,
+    Cursor,
+    CursorRange,
+    RowOutcome,
+    RunContext,
+    RunGuardLike,
+    SweepDefinition,
+)
+from batch_assets.engine.result import (
+    FAILURE,
+    INVALID_VALUE,
+    SUCCESS,
+    WRITE_ERROR,
+    Counters,
+    PageCounts,
+    SweepResult,
+)
+from batch_assets.engine.settings import SweepSettings
+from batch_assets.errors import LeaseLost
+
+log = logging.getLogger("batch_assets.sweep")
+
+# The SET LOCAL of both timeouts in one round trip (set_config(..., true) is SET LOCAL).
+# Parameters: statement_timeout, lock_timeout (text, e.g. '30000ms').
+SET_LOCAL_TIMEOUTS_SQL = (
+    "SELECT set_config('statement_timeout', %(statement_timeout)s, true), "
+    "set_config('lock_timeout', %(lock_timeout)s, true)"
+)
+
+MIN_ADAPTIVE_PAGE = 50
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+def run_sweep(
+    engine: sa.Engine,
+    definition: SweepDefinition,
+    settings: SweepSettings,
+    ctx: RunContext,
+    *,
+    checkpoints: CheckpointStoreLike | None = None,
+    guard: RunGuardLike | None = None,
+    stop: threading.Event | None = None,
+    cursor_range: CursorRange | None = None,
+    progress: ProgressCallback | None = None,
+) -> SweepResult:
+    """Run one sweep to completion, a stop, a lost lease or a tripped breaker; never raises for row data."""
+    settings.validate()
+    cursor_range = cursor_range or FULL_RANGE
+    definition.check_range(cursor_range)
+    return _Run(engine, definition, settings, ctx, checkpoints, guard, stop, cursor_range, progress).run()
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(1, int(seconds * 1000))}ms"
+
+
+class _Run:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        definition: SweepDefinition,
+        settings: SweepSettings,
+        ctx: RunContext,
+        checkpoints: CheckpointStoreLike | None,
+        guard: RunGuardLike | None,
+        stop: threading.Event | None,
+        cursor_range: CursorRange,
+        progress: ProgressCallback | None,
+    ) -> None:
+        self.engine = engine
+        self.definition = definition
+        self.settings = settings
+        self.ctx = ctx
+        self.checkpoints = checkpoints
+        self.guard = guard
+        self.stop = stop
+        self.cursor_range = cursor_range
+        self.range_key = cursor_range.key
+        self.progress = progress
+        self.counters = Counters()
+        self.limit = settings.page_size
+        self.page_timeouts = {
+            "statement_timeout": _ms(settings.page_timeout_s),
+            "lock_timeout": _ms(min(settings.lock_timeout_s, settings.page_timeout_s)),
+        }
+        self.row_timeouts = {
+            "statement_timeout": _ms(settings.row_timeout_s),
+            "lock_timeout": _ms(min(settings.lock_timeout_s, settings.row_timeout_s)),
+        }
+
+    # The main loop (caller's thread) ----------------------------------------
+
+    def run(self) -> SweepResult:
+        started = time.monotonic()
+        cursor, resumed_from = self._load_checkpoint()
+        last_cursor = cursor
+        window: deque[tuple[Future[tuple[PageCounts, float]], Cursor]] = deque()
+        reason: str | None = None
+        advance = True  # False once the breaker tripped: later pages must not move the low watermark
+        reader = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        prefetch = ThreadPoolExecutor(1, thread_name_prefix=f"{self.definition.name}-prefetch")
+        pool = ThreadPoolExecutor(self.settings.workers, thread_name_prefix=f"{self.definition.name}-worker")
+        log.info(
+            "sweep %s started: run_id=%s mode=%s run_date=%s range=%s resumed_from=%s",
+            self.definition.name, self.ctx.run_id, self.ctx.mode, self.ctx.run_date, self.range_key, resumed_from,
+        )
+        next_read: Future[tuple[list, int]] | None = prefetch.submit(self._read, reader, cursor, self.limit)
+        try:
+            while next_read is not None and reason is None:
+                reason = self._stop_reason()
+                if reason is not None:
+                    break
+                try:
+                    rows, limit = next_read.result()
+                except sa.exc.DBAPIError as exc:
+                    reason = f"page read failed: {type(getattr(exc, 'orig', exc)).__name__}"
+                    next_read = None
+                    break
+                if not rows:
+                    next_read = None
+                    break
+                end = self.definition.cursor_of(rows[-1])
+                # Keyset: the next page starts after this page's last row, read while workers compute.
+                next_read = prefetch.submit(self._read, reader, end, self.limit) if len(rows) >= limit else None
+                window.append((pool.submit(self._process_page, rows), end))
+                del rows
+                while len(window) >= self.settings.window and reason is None:
+                    reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, None)
+            deadline = time.monotonic() + self.settings.drain_timeout_s if reason is not None else None
+            while window:
+                front_reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, deadline)
+                reason = reason or front_reason
+                if front_reason == "drain timed out":
+                    reason = f"{reason}; drain timed out with {len(window) + 1} page(s) in flight"
+                    break
+        finally:
+            if next_read is not None:
+                next_read.cancel()
+            prefetch.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=reason is None, cancel_futures=True)
+            reader.close()
+        status = SUCCESS if reason is None else FAILURE
+        if status == SUCCESS and self.checkpoints is not None:
+            self.checkpoints.complete(self.definition.name, self.ctx.mode, self.range_key)
+        result = self._result(status, reason, resumed_from, last_cursor, time.monotonic() - started)
+        log.log(
+            logging.INFO if status == SUCCESS else logging.WARNING,
+            "sweep %s finished %s: scanned=%d changed=%d unchanged=%d failed=%d pages=%d duration_s=%.1f%s",
+            self.definition.name, status, result.scanned, result.changed, result.unchanged, result.failed,
+            result.pages, result.duration_s, f" stopped_reason={reason}" if reason else "",
+        )
+        return result
+
+    def _load_checkpoint(self) -> tuple[Cursor | None, Cursor | None]:
+        if self.checkpoints is None:
+            return None, None
+        checkpoint = self.checkpoints.load(self.definition.name, self.ctx.mode, self.range_key, self.ctx.fingerprint)
+        if checkpoint is None or checkpoint.cursor is None:
+            return None, None
+        return checkpoint.cursor, checkpoint.cursor
+
+    def _stop_reason(self) -> str | None:
+        if self.stop is not None and self.stop.is_set():
+            return "stop requested"
+        if self.guard is not None and not self.guard.alive():
+            return "lease lost"
+        return None
+
+    def _drain_front(
+        self,
+        window: deque[tuple[Future[tuple[PageCounts, float]], Cursor]],
+        advance: bool,
+        last_cursor: Cursor | None,
+        deadline: float | None,
+    ) -> tuple[str | None, bool, Cursor | None]:
+        """Wait for the front page only, merge it, move the low watermark to its cursor."""
+        future, end = window[0]
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            page, seconds = future.result(timeout=timeout)
+        except FutureTimeout:
+            return "drain timed out", advance, last_cursor
+        except LeaseLost:
+            window.popleft()
+            return "lease lost", False, last_cursor
+        except Exception as exc:  # a defect or an unreachable database: stop, keep the checkpoint resumable
+            window.popleft()
+            log.error("sweep %s: page failed: %s", self.definition.name, type(exc).__name__, exc_info=True)
+            return f"page failed: {type(exc).__name__}", False, last_cursor
+        window.popleft()
+        self.counters.merge(page)
+        reason = None
+        if page.scanned and page.systemic > self.settings.breaker_ratio * page.scanned:
+            # A systemically failed page never moves the low watermark (nor, FIFO, any page after it), so a
+            # resume redoes it; the breaker itself only counts once the run has seen breaker_min_rows rows.
+            advance = False
+            if self.counters.scanned >= self.settings.breaker_min_rows:
+                reason = (
+                    f"circuit breaker: {page.systemic} of {page.scanned} rows of a page failed systemically "
+                    f"(ratio > {self.settings.breaker_ratio})"
+                )
+        if advance:
+            last_cursor = end
+            self._save_checkpoint(end)
+        self._after_page(seconds)
+        return reason, advance, last_cursor
+
+    def _save_checkpoint(self, cursor: Cursor) -> None:
+        if self.checkpoints is None:
+            return
+        self.checkpoints.save(
+            self.definition.name,
+            self.ctx.mode,
+            self.range_key,
+            cursor=cursor,
+            fingerprint=self.ctx.fingerprint,
+            run_id=self.ctx.run_id,
+            run_date=self.ctx.run_date,
+            counters=self.counters.snapshot(),
+        )
+
+    def _after_page(self, seconds: float) -> None:
+        snapshot = self.counters.snapshot()
+        if snapshot["pages"] % self.settings.summary_every_pages == 0:
+            log.info(
+                "sweep %s: pages=%d scanned=%d changed=%d unchanged=%d failed=%d",
+                self.definition.name, snapshot["pages"], snapshot["scanned"], snapshot["changed"],
+                snapshot["unchanged"], snapshot["failed"],
+            )
+        if self.settings.adaptive_page_size:
+            self._adapt(seconds)
+        if self.progress is not None:
+            self.progress(snapshot)
+
+    def _adapt(self, seconds: float) -> None:
+        # Keep a page's work well inside its transaction timeout: halve when slow, grow back when fast.
+        budget = self.settings.page_timeout_s
+        if seconds > budget / 4:
+            self.limit = max(MIN_ADAPTIVE_PAGE, self.limit // 2)
+        elif seconds < budget / 40 and self.limit < self.settings.page_size:
+            self.limit = min(self.settings.page_size, self.limit * 2)
+
+    def _result(
+        self, status: str, reason: str | None, resumed_from: Cursor | None, last_cursor: Cursor | None, seconds: float
+    ) -> SweepResult:
+        c = self.counters.snapshot()
+        return SweepResult(
+            status=status,
+            run_id=self.ctx.run_id,
+            mode=self.ctx.mode,
+            run_date=self.ctx.run_date,
+            scanned=c["scanned"],
+            changed=c["changed"],
+            unchanged=c["unchanged"],
+            failed=c["failed"],
+            failed_by_type=c["failed_by_type"],
+            pages=c["pages"],
+            decrypted=c["decrypted"],
+            triggers=c["triggers"],
+            audit_events=c["audit_events"],
+            resumed_from=resumed_from,
+            duration_s=seconds,
+            stopped_reason=reason,
+            last_cursor=last_cursor,
+        )
+
+    # The prefetch thread ------------------------------------------------------
+
+    def _read(self, conn: sa.Connection, cursor: Cursor | None, limit: int) -> tuple[list, int]:
+        # Autocommit: the read holds no transaction; one round trip returns the whole (LIMIT-sized) page.
+        return self.definition.read_page(conn, cursor, limit, self.cursor_range), limit
+
+    # Worker threads --------------------------------------------------------
+
+    def _process_page(self, rows: Sequence[Any]) -> tuple[PageCounts, float]:
+        started = time.monotonic()
+        definition = self.definition
+        page = PageCounts()
+        page.scanned = len(rows)
+        pre_check = definition.pre_check if definition.uses_pre_check else None
+        compute = definition.compute
+        debug = log.isEnabledFor(logging.DEBUG)
+        changed: list[RowOutcome] = []
+        for row in rows:
+            if pre_check is not None and not pre_check(row):
+                page.unchanged += 1
+                continue
+            try:
+                outcome = compute(row)
+            except Exception as exc:  # a defect in compute: fail the row, and count it as systemic
+                page.fail(INVALID_VALUE, systemic=True)
+                log.warning("sweep %s: compute raised %s for %s", definition.name, type(exc).__name__,
+                            definition.describe(row))
+                continue
+            page.decrypted += outcome.decrypted
+            if outcome.failure is not None:
+                page.fail(outcome.failure)
+                if debug:
+                    log.debug("sweep %s: row %s failed: %s", definition.name, definition.describe(row),
+                              outcome.failure)
+            elif outcome.change is None:
+                page.unchanged += 1
+            if outcome.change is not None:
+                changed.append(outcome)
+        if changed:
+            self._write(changed, page)
+        return page, time.monotonic() - started
+
+    def _begin(self, conn: sa.Connection, timeouts: dict[str, str]) -> None:
+        conn.exec_driver_sql(SET_LOCAL_TIMEOUTS_SQL, timeouts)
+
+    def _write(self, changed: list[RowOutcome], page: PageCounts) -> None:
+        definition = self.definition
+        successes = sum(1 for outcome in changed if outcome.failure is None)
+        try:
+            conn = self.engine.connect()
+        except sa.exc.DBAPIError as exc:
+            log.warning("sweep %s: no connection for a page write: %s", definition.name, type(exc.orig).__name__)
+            page.fail(WRITE_ERROR, successes)
+            return
+        with conn:
+            # 1. Side effects that must survive a failed page, in their own short transaction, first:
+            #    if the page write then fails, the stored row still differs and the next run redoes both.
+            side_effects_done = False
+            try:
+                with conn.begin():
+                    self._begin(conn, self.page_timeouts)
+                    page.triggers += definition.write_side_effects(conn, changed)
+                side_effects_done = True
+            except sa.exc.DBAPIError as exc:
+                log.warning("sweep %s: side-effect write failed (%s); retrying row by row", definition.name,
+                            type(exc.orig).__name__)
+            # 2. The page write: data + stamp + outbox in one transaction with its own timeouts.
+            if side_effects_done:
+                try:
+                    with conn.begin():
+                        self._begin(conn, self.page_timeouts)
+                        if self.guard is not None:
+                            self.guard.fence(conn)
+                        counts = definition.write_page(conn, changed)
+                    page.changed += counts.rows
+                    page.audit_events += counts.audit_events
+                    page.unchanged += successes - counts.rows  # changed concurrently since the read: left alone
+                    return
+                except sa.exc.DBAPIError as exc:
+                    log.warning("sweep %s: page write failed (%s); retrying row by row", definition.name,
+                                type(exc.orig).__name__)
+            # 3. Fallback: one short transaction per row; a failed row keeps its stored (due) state.
+            for outcome in changed:
+                self._write_one(conn, outcome, page, side_effects_done)
+
+    def _write_one(self, conn: sa.Connection, outcome: RowOutcome, page: PageCounts, side_effects_done: bool) -> None:
+        definition = self.definition
+        try:
+            if not side_effects_done:
+                with conn.begin():
+                    self._begin(conn, self.row_timeouts)
+                    page.triggers += definition.write_side_effects(conn, (outcome,))
+            with conn.begin():
+                self._begin(conn, self.row_timeouts)
+                if self.guard is not None:
+                    self.guard.fence(conn)
+                counts = definition.write_row(conn, outcome)
+        except sa.exc.DBAPIError as exc:
+            if outcome.failure is None:
+                page.fail(WRITE_ERROR)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("sweep %s: row write failed: %s", definition.name, type(exc.orig).__name__)
+            return
+        if outcome.failure is None:
+            page.changed += counts.rows
+            page.audit_events += counts.audit_events
+            page.unchanged += 1 - counts.rows

@@ -1,0 +1,233 @@
+"""Whole customer-status runs: breaker, configuration errors, idempotence, config-change, resume, stop, lease."""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import date
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from customer_rows import captured_statements, copy_customers, count, customer, random_customers, writes
+
+from batch_assets.crypto import DobCipher
+from batch_assets.domains.customer_status.job import run_customer_status_sweep
+from batch_assets.domains.customer_status.rules import DEFAULT_RULES, Rules
+from batch_assets.domains.customer_status.rules_store import current_rules, previous_rules, set_rules
+from batch_assets.engine.definition import CursorRange
+from batch_assets.engine.settings import SweepSettings
+from batch_assets.errors import ConfigError, LeaseLost
+from batch_assets.locking.checkpoint import CheckpointStore
+
+pytestmark = pytest.mark.integration
+
+RUN_DATE = date(2025, 6, 1)
+FINGERPRINT = f"{DEFAULT_RULES.fingerprint}:{RUN_DATE}"
+
+
+def _sweep(engine: sa.Engine, cipher: DobCipher, mode: str = "full", **kwargs: Any):
+    settings = kwargs.pop("settings", {"workers": 2, "window": 2, "page_size": 50})
+    return run_customer_status_sweep(engine, cipher, mode=mode, run_date=RUN_DATE, settings=settings,
+                                     run_id="run-1", **kwargs)
+
+
+def _snapshot(engine: sa.Engine) -> list[tuple]:
+    with engine.connect() as conn:
+        return conn.exec_driver_sql(
+            "SELECT id, age_category, next_review_date, updated_at FROM customers ORDER BY id").all()
+
+
+def _sorted_ids(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return [str(r[0]) for r in conn.exec_driver_sql("SELECT id FROM customers ORDER BY id")]
+
+
+def test_wrong_key_trips_the_breaker_with_nothing_written(engine: sa.Engine, cipher: DobCipher) -> None:
+    """Every row failing to decrypt is systemic: the run stops as FAILURE early, writes nothing, keeps no cursor."""
+    copy_customers(engine, random_customers(cipher, 1000))
+    before = _snapshot(engine)
+    store = CheckpointStore(engine)
+    wrong = DobCipher(os.urandom(32))
+    result = _sweep(engine, wrong, checkpoints=store)
+    assert result.status == "FAILURE"
+    assert result.stopped_reason and result.stopped_reason.startswith("circuit breaker")
+    assert result.scanned < 1000 and result.failed_by_type["decrypt_failure"] == result.scanned
+    assert (result.changed, result.audit_events) == (0, 0)
+    assert _snapshot(engine) == before and count(engine, "outbox_events") == 0
+    assert store.load("customer_status", "full", "all", FINGERPRINT) is None
+
+
+def test_data_failures_never_trip_the_breaker(engine: sa.Engine, cipher: DobCipher) -> None:
+    """A page made entirely of missing or malformed data is counted, and the run still succeeds."""
+    copy_customers(engine, [customer(cipher, None) for _ in range(150)]
+                   + [customer(cipher, "19900101xx") for _ in range(150)])
+    result = _sweep(engine, cipher)
+    assert result.status == "SUCCESS"
+    assert result.failed_by_type["missing_data"] == 150 and result.failed_by_type["invalid_value"] == 150
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"settings": {"page_size": 1001}}, "page_size"),
+        ({"settings": {"workers": 20}}, "pool_size"),
+        ({"settings": {"page_timeout_s": -3}}, "page_timeout_s"),
+        ({"mode": "weekly"}, "mode"),
+        ({"cursor_range": CursorRange.parse("00000000-0000-0000-0000-000000000000",
+                                            "7fffffff-ffff-ffff-ffff-ffffffffffff"), "mode": "delta"},
+         "cursor_range"),
+    ],
+)
+def test_bad_configuration_is_config_error_before_any_statement(
+    engine: sa.Engine, cipher: DobCipher, kwargs: dict, field: str
+) -> None:
+    """Invalid settings, mode or range raise ConfigError naming the field, before any read or write."""
+    copy_customers(engine, [customer(cipher, "1990-01-01")])
+    with captured_statements(engine) as statements, pytest.raises(ConfigError) as info:
+        _sweep(engine, cipher, **kwargs)
+    assert info.value.field == field
+    assert statements == []
+
+
+def test_second_run_writes_nothing(engine: sa.Engine, cipher: DobCipher) -> None:
+    """Re-running a finished sweep is a no-op: no writes, no triggers, no events."""
+    copy_customers(engine, random_customers(cipher, 400))
+    first = _sweep(engine, cipher, settings={"workers": 3, "window": 3, "page_size": 37})
+    assert (first.status, first.scanned, first.changed, first.audit_events) == ("SUCCESS", 400, 400, 400)
+    before = _snapshot(engine)
+    with captured_statements(engine) as statements:
+        second = _sweep(engine, cipher, settings={"workers": 3, "window": 3, "page_size": 37})
+    assert (second.scanned, second.changed, second.unchanged, second.audit_events) == (400, 0, 400, 0)
+    assert writes(statements) == []
+    assert _snapshot(engine) == before and count(engine, "outbox_events") == 400
+    delta = _sweep(engine, cipher, mode="delta")
+    assert (delta.scanned, delta.changed) == (0, 0)
+
+
+def test_config_change_decrypts_fewer_rows_and_matches_a_full_sweep(engine: sa.Engine, cipher: DobCipher) -> None:
+    """After a threshold change, config-change decrypts only rows it may affect, and leaves nothing for full to fix."""
+    copy_customers(engine, random_customers(cipher, 600))
+    assert _sweep(engine, cipher).changed == 600
+    assert set_rules(engine, Rules.parse("MINOR=0,YOUNG_ADULT=21,ADULT=26,SENIOR=65")) == 1
+    assert set_rules(engine, Rules.parse("MINOR=0,YOUNG_ADULT=21,ADULT=26,SENIOR=65")) == 1  # same fingerprint
+    with engine.connect() as conn:
+        assert current_rules(conn)[1].rules[1].min_age == 21
+        assert previous_rules(conn) == DEFAULT_RULES
+    change = _sweep(engine, cipher, mode="config-change")
+    assert change.status == "SUCCESS" and change.scanned == 600
+    assert 0 < change.decrypted < 600 // 3
+    assert change.changed > 0 and change.triggers > 0
+    check = _sweep(engine, cipher, mode="full")
+    assert (check.decrypted, check.changed) == (600, 0)
+
+
+def test_resume_from_a_checkpoint(engine: sa.Engine, cipher: DobCipher) -> None:
+    """A saved low watermark is resumed: rows at or before it are not read again, the rest are finished."""
+    copy_customers(engine, random_customers(cipher, 300))
+    ids = _sorted_ids(engine)
+    store = CheckpointStore(engine)
+    store.save("customer_status", "full", "all", cursor=ids[99], fingerprint=FINGERPRINT, run_id="earlier",
+               run_date=RUN_DATE, counters={})
+    result = _sweep(engine, cipher, checkpoints=store)
+    assert (result.status, result.resumed_from, result.scanned, result.changed) == ("SUCCESS", ids[99], 200, 200)
+    with engine.connect() as conn:
+        pending = conn.exec_driver_sql("SELECT count(*) FROM customers WHERE age_category IS NULL").scalar_one()
+    assert pending == 100
+    assert store.load("customer_status", "full", "all", FINGERPRINT) is None  # completed
+
+
+class RecordingStore:
+    """An in-memory checkpoint store recording every saved cursor."""
+
+    def __init__(self) -> None:
+        self.saved: list[Any] = []
+        self.completed = False
+
+    def load(self, sweep: str, mode: str, range_key: str, fingerprint: str | None) -> None:
+        return None
+
+    def save(self, sweep: str, mode: str, range_key: str, **kwargs: Any) -> None:
+        self.saved.append(kwargs["cursor"])
+
+    def complete(self, sweep: str, mode: str, range_key: str) -> None:
+        self.completed = True
+
+
+def test_low_watermark_advances_in_key_order_with_many_workers(engine: sa.Engine, cipher: DobCipher) -> None:
+    """With several workers only the front page's cursor is saved: strictly increasing, ending at the last id."""
+    copy_customers(engine, random_customers(cipher, 500))
+    store = RecordingStore()
+    result = _sweep(engine, cipher, checkpoints=store, settings={"workers": 4, "window": 4, "page_size": 20})
+    assert result.status == "SUCCESS" and result.pages == 25 and store.completed
+    assert store.saved == sorted(store.saved) and len(store.saved) == 25
+    assert store.saved[-1] == _sorted_ids(engine)[-1] == result.last_cursor
+
+
+def test_stop_event_drains_and_leaves_a_resumable_checkpoint(engine: sa.Engine, cipher: DobCipher) -> None:
+    """A stop stops taking pages, finishes those in flight, checkpoints, and a second run completes the rest."""
+    copy_customers(engine, random_customers(cipher, 600))
+    store = CheckpointStore(engine)
+    stop = threading.Event()
+
+    def progress(counters: dict[str, Any]) -> None:
+        if counters["pages"] >= 2:
+            stop.set()
+
+    first = _sweep(engine, cipher, checkpoints=store, stop=stop, progress=progress)
+    assert first.status == "FAILURE" and first.stopped_reason == "stop requested"
+    assert 2 <= first.pages < 12 and first.changed == first.scanned
+    checkpoint = store.load("customer_status", "full", "all", FINGERPRINT)
+    assert checkpoint is not None and checkpoint.cursor == first.last_cursor
+    second = _sweep(engine, cipher, checkpoints=store)
+    assert second.status == "SUCCESS" and second.resumed_from == first.last_cursor
+    assert first.changed + second.changed == 600
+    assert count(engine, "outbox_events") == 600
+
+
+class FakeGuard:
+    """A guard whose lease is lost after `beats` fences."""
+
+    owner = "run-1@test:1"
+
+    def __init__(self, beats: int) -> None:
+        self.beats = beats
+        self.fenced = 0
+
+    def fence(self, conn: sa.Connection) -> None:
+        self.fenced += 1
+        if self.fenced > self.beats:
+            raise LeaseLost("lease taken over")
+
+    def alive(self) -> bool:
+        return self.fenced < self.beats
+
+
+def test_lost_lease_stops_the_run(engine: sa.Engine, cipher: DobCipher) -> None:
+    """Once the lease is lost no further page is written and the run fails with 'lease lost'."""
+    copy_customers(engine, random_customers(cipher, 500))
+    guard = FakeGuard(beats=2)
+    result = _sweep(engine, cipher, guard=guard, settings={"workers": 1, "window": 1, "page_size": 50})
+    assert result.status == "FAILURE" and result.stopped_reason == "lease lost"
+    assert result.changed == 100 and count(engine, "outbox_events") == 100
+
+
+def test_cursor_ranges_partition_the_key_space(engine: sa.Engine, cipher: DobCipher) -> None:
+    """Two full runs over [0…, 7f…] and [80…, f…] together cover every row exactly once."""
+    copy_customers(engine, random_customers(cipher, 300))
+    low = CursorRange.parse("00000000-0000-0000-0000-000000000000", "7fffffff-ffff-ffff-ffff-ffffffffffff")
+    high = CursorRange.parse("80000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff")
+    a = _sweep(engine, cipher, cursor_range=low)
+    b = _sweep(engine, cipher, cursor_range=high)
+    assert a.scanned + b.scanned == 300 and a.scanned > 0 and b.scanned > 0
+    assert count(engine, "outbox_events") == 300
+
+
+def test_summary_has_the_contract_keys(engine: sa.Engine, cipher: DobCipher) -> None:
+    """to_summary() carries every CONTRACT §2 key for a sweep."""
+    copy_customers(engine, random_customers(cipher, 10))
+    summary = _sweep(engine, cipher, settings=SweepSettings.build(workers=1)).to_summary()
+    for key in ("status", "run_id", "scanned", "changed", "unchanged", "failed", "failed_by_type", "duration_s",
+                "mode", "run_date", "pages", "decrypted", "triggers", "audit_events", "resumed_from"):
+        assert key in summary
+    assert summary["status"] == "SUCCESS" and summary["run_date"] == "2025-06-01" and summary["changed"] == 10
