@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any, Protocol
@@ -118,6 +118,10 @@ class WritePlan(ABC):
         `rows` counts rows written whose outcome is a success (not a failure kept due).
         """
 
+    def needs_side_effects(self, changed: Sequence[RowOutcome]) -> bool:
+        """Whether `write_side_effects` has anything to write (else its transaction is skipped)."""
+        return True
+
     def write_row(self, conn: sa.Connection, outcome: RowOutcome) -> WriteCounts:
         """One row of the per-row fallback, inside its own short transaction."""
         return self.write_page(conn, (outcome,))
@@ -203,6 +207,7 @@ class RunGuardLike(Protocol):
 
     owner: str
 
-    def fence(self, conn: sa.Connection) -> None: ...
+    def fence(self, conn: sa.Connection, timeouts: Mapping[str, str] | None = None) -> None:
+        """Raise LeaseLost unless still the owner; also SET LOCAL `timeouts` in the same round trip."""
 
     def alive(self) -> bool: ...

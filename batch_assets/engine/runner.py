@@ -338,7 +338,12 @@ class _Run:
         return page, time.monotonic() - started
 
     def _begin(self, conn: sa.Connection, timeouts: dict[str, str]) -> None:
-        conn.exec_driver_sql(SET_LOCAL_TIMEOUTS_SQL, timeouts)
+        """First statement of every write transaction: SET LOCAL the timeouts and, when guarded, fence
+        the lease in the same round trip, so a zombie that lost its lease commits nothing."""
+        if self.guard is not None:
+            self.guard.fence(conn, timeouts)
+        else:
+            conn.exec_driver_sql(SET_LOCAL_TIMEOUTS_SQL, timeouts)
 
     def _write(self, changed: list[RowOutcome], page: PageCounts) -> None:
         definition = self.definition
@@ -352,12 +357,13 @@ class _Run:
         with conn:
             # 1. Side effects that must survive a failed page, in their own short transaction, first:
             #    if the page write then fails, the stored row still differs and the next run redoes both.
-            side_effects_done = False
+            side_effects_done = not definition.needs_side_effects(changed)
             try:
-                with conn.begin():
-                    self._begin(conn, self.page_timeouts)
-                    page.triggers += definition.write_side_effects(conn, changed)
-                side_effects_done = True
+                if not side_effects_done:
+                    with conn.begin():
+                        self._begin(conn, self.page_timeouts)
+                        page.triggers += definition.write_side_effects(conn, changed)
+                    side_effects_done = True
             except sa.exc.DBAPIError as exc:
                 log.warning("sweep %s: side-effect write failed (%s); retrying row by row", definition.name,
                             type(exc.orig).__name__)
@@ -366,8 +372,6 @@ class _Run:
                 try:
                     with conn.begin():
                         self._begin(conn, self.page_timeouts)
-                        if self.guard is not None:
-                            self.guard.fence(conn)
                         counts = definition.write_page(conn, changed)
                     page.changed += counts.rows
                     page.audit_events += counts.audit_events
@@ -383,14 +387,12 @@ class _Run:
     def _write_one(self, conn: sa.Connection, outcome: RowOutcome, page: PageCounts, side_effects_done: bool) -> None:
         definition = self.definition
         try:
-            if not side_effects_done:
+            if not side_effects_done and definition.needs_side_effects((outcome,)):
                 with conn.begin():
                     self._begin(conn, self.row_timeouts)
                     page.triggers += definition.write_side_effects(conn, (outcome,))
             with conn.begin():
                 self._begin(conn, self.row_timeouts)
-                if self.guard is not None:
-                    self.guard.fence(conn)
                 counts = definition.write_row(conn, outcome)
         except sa.exc.DBAPIError as exc:
             if outcome.failure is None:

@@ -10,7 +10,7 @@ BaseException such as Dagster's run termination.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -46,11 +46,14 @@ class RunGuard:
         self.heartbeat = heartbeat
         self.lock_held = lock_held
 
-    def fence(self, conn: sa.Connection) -> None:
-        """Inside a write transaction: raise LeaseLost unless this run still owns its lease (and lock)."""
+    def fence(self, conn: sa.Connection, timeouts: Mapping[str, str] | None = None) -> None:
+        """Inside a write transaction: raise LeaseLost unless this run still owns its lease (and lock).
+
+        `timeouts` are set for the transaction in the same round trip (see Lease.fence).
+        """
         if not self.alive():
             raise LeaseLost(f"run {self.owner} lost {self.job_key!r}: {self.lost_reason}")
-        self.lease.fence(conn)
+        self.lease.fence(conn, timeouts)
 
     def alive(self) -> bool:
         """False once the heartbeat failed to renew the lease or the lock."""

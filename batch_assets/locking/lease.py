@@ -18,11 +18,24 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 
 import sqlalchemy as sa
 
 from batch_assets.db.engine import translate_errors
 from batch_assets.errors import LeaseLost
+
+# The page transaction's preamble in one round trip: SET LOCAL both timeouts (set_config(..., true))
+# and fence the lease. :statement_timeout, :lock_timeout (text, e.g. '30000ms'), :name, :owner
+FENCE_WITH_TIMEOUTS_SQL = sa.text(
+    """
+    SELECT set_config('statement_timeout', :statement_timeout, true),
+           set_config('lock_timeout', :lock_timeout, true),
+           (SELECT 1 FROM ba_leases
+             WHERE name = :name AND owner = :owner AND expires_at > clock_timestamp()
+               FOR KEY SHARE) AS fenced
+    """
+)
 
 # :name, :owner, :ttl_s. Takes the lease if absent, expired or already ours.
 ACQUIRE_SQL = sa.text(
@@ -114,9 +127,18 @@ class Lease:
         with translate_errors(self.engine), self.engine.begin() as conn:
             return conn.execute(RELEASE_SQL, {"name": self.name, "owner": self.owner}).first() is not None
 
-    def fence(self, conn: sa.Connection) -> None:
-        """Inside a write transaction: raise LeaseLost unless the lease is still ours, and hold it until commit."""
-        row = conn.execute(FENCE_SQL, {"name": self.name, "owner": self.owner}).first()
+    def fence(self, conn: sa.Connection, timeouts: Mapping[str, str] | None = None) -> None:
+        """Inside a write transaction: raise LeaseLost unless the lease is still ours, and hold it until commit.
+
+        With `timeouts` ({"statement_timeout", "lock_timeout"}), the same round trip also sets them
+        for the transaction (SET LOCAL), so a fenced page costs no extra statement.
+        """
+        params = {"name": self.name, "owner": self.owner}
+        if timeouts is None:
+            row = conn.execute(FENCE_SQL, params).first()
+        else:
+            row = conn.execute(FENCE_WITH_TIMEOUTS_SQL, {**params, **timeouts}).first()
+            row = row if row is not None and row.fenced is not None else None
         if row is None:
             raise LeaseLost(f"lease {self.name!r} is no longer held by {self.owner}")
 

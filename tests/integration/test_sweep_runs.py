@@ -16,6 +16,7 @@ from batch_assets.domains.customer_status.job import run_customer_status_sweep
 from batch_assets.domains.customer_status.rules import DEFAULT_RULES, Rules
 from batch_assets.domains.customer_status.rules_store import current_rules, previous_rules, set_rules
 from batch_assets.engine.definition import CursorRange
+from batch_assets.engine.runner import SET_LOCAL_TIMEOUTS_SQL
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import ConfigError, LeaseLost
 from batch_assets.locking.checkpoint import CheckpointStore
@@ -194,7 +195,9 @@ class FakeGuard:
         self.beats = beats
         self.fenced = 0
 
-    def fence(self, conn: sa.Connection) -> None:
+    def fence(self, conn: sa.Connection, timeouts: dict[str, str] | None = None) -> None:
+        if timeouts is not None:
+            conn.exec_driver_sql(SET_LOCAL_TIMEOUTS_SQL, timeouts)
         self.fenced += 1
         if self.fenced > self.beats:
             raise LeaseLost("lease taken over")

@@ -135,6 +135,9 @@ class CustomerStatusSweep(SweepDefinition):
 
     # Writing ---------------------------------------------------------------
 
+    def needs_side_effects(self, changed: Sequence[RowOutcome]) -> bool:
+        return any(o.change[5] is not None for o in changed)
+
     def write_side_effects(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> int:
         triggers = [o.change for o in changed if o.change[5] is not None]
         if not triggers:
