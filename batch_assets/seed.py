@@ -124,6 +124,11 @@ def seed_customers(
                 if progress is not None and n % 50_000 == 49_999:
                     progress(n + 1)
         raw.commit()
+        # Fresh statistics, so the planner keeps the keyset plans (primary key / customers_due_idx)
+        # right after a bulk load instead of guessing from an empty table.
+        with raw.cursor() as cur:
+            cur.execute("ANALYZE customers")
+        raw.commit()
     finally:
         raw.close()
     if due_fraction is None:
