@@ -1,0 +1,341 @@
+"""Run configuration of every job, as `dg.Config` classes.
+
+Zero or a missing value means the documented default (named in each field's
+description). Validation happens in three places, all with the same messages
+that name the field:
+
+* `to_engine_settings()` — the CLI calls it before launching (ConfigError, exit 2);
+* pydantic field validators — when the op's config object is built;
+* the first op of every job calls `to_engine_settings()` again before any read or
+  write and turns a ConfigError into a non-retriable `dg.Failure` (the launchpad and
+  GraphQL only type-check config before the run starts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import dagster as dg
+from pydantic import Field, field_validator
+
+from batch_assets.engine.settings import SweepSettings
+from batch_assets.errors import ConfigError
+from batch_assets.settings import TIMEZONE_VAR
+
+SWEEP_MODES = ("delta", "full", "config-change")
+DEFAULT_RANGES = 4
+MAX_RANGES = 256
+DEFAULT_RELAY_BATCH_SIZE = 500
+MAX_RELAY_BATCH_SIZE = 10_000
+
+
+def parse_run_date(value: str | None, *, field: str = "run_date") -> date | None:
+    """`YYYY-MM-DD` → date; None/empty → None; anything else is a ConfigError naming the field."""
+    if value is None or not str(value).strip():
+        return None
+    text = str(value).strip()
+    try:
+        if len(text) != 10:
+            raise ValueError
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"must be a date YYYY-MM-DD, got {text!r}", field=field) from None
+
+
+def zone(name: str) -> ZoneInfo:
+    """The configured time zone, or a ConfigError naming BATCH_ASSETS_TIMEZONE."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(f"unknown time zone {name!r}", field=TIMEZONE_VAR) from None
+
+
+def today_in(timezone: str) -> date:
+    """Today's date in `timezone` (the default run date; computed once per run)."""
+    return datetime.now(zone(timezone)).date()
+
+
+def _non_negative_int(name: str, value: Any, *, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"must be a whole number >= 0 (0 = default), got {value!r}", field=name)
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"must be at most {maximum}, got {value}", field=name)
+    return value
+
+
+def _non_negative_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"must be a number >= 0 (0 = default), got {value!r}", field=name)
+    return float(value)
+
+
+def _pydantic_check(fn: Any, name: str, value: Any) -> Any:
+    """Run a ConfigError check inside a pydantic validator (ValueError keeps the field in the message)."""
+    try:
+        fn(name, value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+# --- customer-status sweep -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPlanSettings:
+    """What the sweep job needs besides the engine's SweepSettings."""
+
+    mode: str
+    run_date: date | None
+    ranges: int
+    engine: SweepSettings
+
+
+class SweepConfig(dg.Config):
+    """Customer-status sweep (CONTRACT §2 `sweep customer-status`). 0 or missing = the documented default."""
+
+    mode: str = Field(default="delta", description="delta | full | config-change. Default delta.")
+    run_date: str | None = Field(
+        default=None,
+        description="Run date YYYY-MM-DD, fixed for every row of the run. Default: today in BATCH_ASSETS_TIMEZONE.",
+    )
+    ranges: int = Field(
+        default=0,
+        description=f"Cursor ranges (UUID key ranges, one mapped op each) for full/config-change; delta is "
+        f"always one range. 0 = {DEFAULT_RANGES}; at most {MAX_RANGES}.",
+    )
+    workers: int = Field(default=0, description="Worker threads per range. 0 = 4.")
+    window: int = Field(default=0, description="Pages in flight per range. 0 = 3.")
+    page_size: int = Field(default=0, description="Rows per page, 1..1000. 0 = 1000.")
+    page_timeout_s: float = Field(default=0, description="statement_timeout of a page transaction (s). 0 = 30.")
+    row_timeout_s: float = Field(
+        default=0, description="statement_timeout of a per-row fallback transaction (s). 0 = 5."
+    )
+    lock_timeout_s: float = Field(default=0, description="lock_timeout of write transactions (s). 0 = 5.")
+    breaker_ratio: float = Field(
+        default=0, description="Circuit breaker: systemic failures / rows of a page, in (0, 1]. 0 = 0.2."
+    )
+    breaker_min_rows: int = Field(default=0, description="Rows before the breaker may trip. 0 = 100.")
+    summary_every_pages: int = Field(default=0, description="Log a progress line every N pages. 0 = 50.")
+    heartbeat_s: float = Field(default=0, description="Lease/lock heartbeat interval (s). 0 = 10.")
+    lease_ttl_s: float = Field(default=0, description="Run lease expiry (s). 0 = 60.")
+    lock_ttl_s: float = Field(default=0, description="Job lock lock-at-most-for (s), renewed by heartbeats. 0 = 120.")
+    lock_min_s: float = Field(default=0, description="Job lock lock-at-least-for (s). 0 = none.")
+    lock_fail_open: bool = Field(
+        default=False, description="Continue on the lease alone when the lock store is down. Default false."
+    )
+    adaptive_page_size: bool = Field(default=False, description="Shrink/grow pages on timeouts. Default false.")
+    pool_size: int = Field(
+        default=0, description="Connection budget per range process. 0 = max(10, workers + 3)."
+    )
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        if value not in SWEEP_MODES:
+            raise ValueError(f"mode: must be one of {', '.join(SWEEP_MODES)}, got {value!r}")
+        return value
+
+    @field_validator("run_date")
+    @classmethod
+    def _run_date(cls, value: str | None) -> str | None:
+        try:
+            parse_run_date(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("ranges")
+    @classmethod
+    def _ranges(cls, value: int) -> int:
+        return _pydantic_check(lambda n, v: _non_negative_int(n, v, maximum=MAX_RANGES), "ranges", value)
+
+    @field_validator("workers", "window", "page_size", "breaker_min_rows", "summary_every_pages", "pool_size")
+    @classmethod
+    def _counts(cls, value: int, info: Any) -> int:
+        return _pydantic_check(_non_negative_int, info.field_name, value)
+
+    @field_validator(
+        "page_timeout_s", "row_timeout_s", "lock_timeout_s", "breaker_ratio", "heartbeat_s", "lease_ttl_s",
+        "lock_ttl_s", "lock_min_s",
+    )
+    @classmethod
+    def _numbers(cls, value: float, info: Any) -> float:
+        return _pydantic_check(_non_negative_number, info.field_name, value)
+
+    def to_engine_settings(self) -> SweepPlanSettings:
+        """Validate everything (ConfigError naming the field) and return the plan + engine settings."""
+        if self.mode not in SWEEP_MODES:
+            raise ConfigError(f"must be one of {', '.join(SWEEP_MODES)}, got {self.mode!r}", field="mode")
+        run_date = parse_run_date(self.run_date)
+        ranges = _non_negative_int("ranges", self.ranges, maximum=MAX_RANGES) or DEFAULT_RANGES
+        if self.mode == "delta":
+            ranges = 1
+        for name in ("workers", "window", "page_size", "breaker_min_rows", "summary_every_pages", "pool_size"):
+            _non_negative_int(name, getattr(self, name))
+        for name in ("page_timeout_s", "row_timeout_s", "lock_timeout_s", "breaker_ratio", "heartbeat_s",
+                     "lease_ttl_s", "lock_ttl_s", "lock_min_s"):
+            _non_negative_number(name, getattr(self, name))
+        workers = self.workers or SweepSettings.workers
+        pool_size = self.pool_size or max(SweepSettings.pool_size, workers + 3)
+        engine = SweepSettings.build(
+            workers=self.workers,
+            window=self.window,
+            page_size=self.page_size,
+            page_timeout_s=self.page_timeout_s,
+            row_timeout_s=self.row_timeout_s,
+            lock_timeout_s=self.lock_timeout_s,
+            breaker_ratio=self.breaker_ratio,
+            breaker_min_rows=self.breaker_min_rows,
+            summary_every_pages=self.summary_every_pages,
+            heartbeat_s=self.heartbeat_s,
+            lease_ttl_s=self.lease_ttl_s,
+            lock_ttl_s=self.lock_ttl_s,
+            lock_min_s=self.lock_min_s,
+            lock_fail_open=self.lock_fail_open,
+            adaptive_page_size=self.adaptive_page_size,
+            pool_size=pool_size,
+        )
+        return SweepPlanSettings(mode=self.mode, run_date=run_date, ranges=ranges, engine=engine)
+
+    def validate_config(self) -> None:
+        """Raise ConfigError (naming the field) if anything is invalid."""
+        self.to_engine_settings()
+
+
+# --- subscription expiry ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExpiryPlanSettings:
+    run_date: date | None
+    retry_failed: bool
+    engine: Any
+    """batch_assets.domains.subscriptions.expiry.ExpirySettings"""
+
+
+class ExpiryConfig(dg.Config):
+    """Nightly subscription expiry (CONTRACT §6). 0 or missing = the documented default."""
+
+    run_date: str | None = Field(
+        default=None,
+        description="Expire ACTIVE subscriptions with expiry_date before this date (YYYY-MM-DD). "
+        "Default: today in BATCH_ASSETS_TIMEZONE.",
+    )
+    retry_failed: bool = Field(
+        default=False, description="Retry FAILED subscriptions whose retry_count is under max_retries. Default false."
+    )
+    batch_size: int = Field(default=0, description="Subscriptions per batch. 0 = the engine default (500).")
+    max_retries: int = Field(default=0, description="Maximum retry_count retried by retry_failed. 0 = 3.")
+
+    @field_validator("run_date")
+    @classmethod
+    def _run_date(cls, value: str | None) -> str | None:
+        try:
+            parse_run_date(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("batch_size", "max_retries")
+    @classmethod
+    def _counts(cls, value: int, info: Any) -> int:
+        return _pydantic_check(_non_negative_int, info.field_name, value)
+
+    def to_engine_settings(self) -> ExpiryPlanSettings:
+        from batch_assets.domains.subscriptions.expiry import ExpirySettings
+
+        run_date = parse_run_date(self.run_date)
+        _non_negative_int("batch_size", self.batch_size)
+        _non_negative_int("max_retries", self.max_retries)
+        engine = ExpirySettings.build(batch_size=self.batch_size or None, max_retries=self.max_retries or None)
+        return ExpiryPlanSettings(run_date=run_date, retry_failed=bool(self.retry_failed), engine=engine)
+
+    def validate_config(self) -> None:
+        self.to_engine_settings()
+
+
+# --- payment queue ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueDrainPlanSettings:
+    max_seconds: float | None
+    engine: Any
+    """batch_assets.domains.payments.queue.QueueSettings"""
+
+
+class QueueDrainConfig(dg.Config):
+    """One drain of the payment queue (CONTRACT §7). 0 or missing = the documented default."""
+
+    concurrency: int = Field(default=0, description="Handler calls in flight, at most 256. 0 = 8.")
+    max_seconds: float = Field(
+        default=0, description="Stop claiming new work after this many seconds. 0 = run until the queue is drained."
+    )
+    batch_size: int = Field(default=0, description="Rows per claim, at most 10000. 0 = 50.")
+
+    @field_validator("concurrency", "batch_size")
+    @classmethod
+    def _counts(cls, value: int, info: Any) -> int:
+        return _pydantic_check(_non_negative_int, info.field_name, value)
+
+    @field_validator("max_seconds")
+    @classmethod
+    def _seconds(cls, value: float) -> float:
+        return _pydantic_check(_non_negative_number, "max_seconds", value)
+
+    def to_engine_settings(self) -> QueueDrainPlanSettings:
+        from batch_assets.domains.payments.queue import QueueSettings
+
+        _non_negative_int("concurrency", self.concurrency)
+        _non_negative_int("batch_size", self.batch_size)
+        max_seconds = _non_negative_number("max_seconds", self.max_seconds)
+        engine = QueueSettings.build(concurrency=self.concurrency or None, batch_size=self.batch_size or None)
+        return QueueDrainPlanSettings(max_seconds=max_seconds or None, engine=engine)
+
+    def validate_config(self) -> None:
+        self.to_engine_settings()
+
+
+# --- outbox relay ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    batch_size: int
+
+
+class OutboxRelayConfig(dg.Config):
+    """One pass of the outbox relay (PENDING → sink → SENT). 0 or missing = the documented default."""
+
+    batch_size: int = Field(
+        default=0,
+        description=f"Events per batch, at most {MAX_RELAY_BATCH_SIZE}. 0 = {DEFAULT_RELAY_BATCH_SIZE}.",
+    )
+
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_size(cls, value: int) -> int:
+        return _pydantic_check(
+            lambda n, v: _non_negative_int(n, v, maximum=MAX_RELAY_BATCH_SIZE), "batch_size", value
+        )
+
+    def to_engine_settings(self) -> RelaySettings:
+        size = _non_negative_int("batch_size", self.batch_size, maximum=MAX_RELAY_BATCH_SIZE)
+        return RelaySettings(batch_size=size or DEFAULT_RELAY_BATCH_SIZE)
+
+    def validate_config(self) -> None:
+        self.to_engine_settings()
+
+
+CONFIG_CLASSES: dict[str, type[dg.Config]] = {
+    "customer_status_sweep_job": SweepConfig,
+    "customer_status_sweep_celery_job": SweepConfig,
+    "subscription_expiry_job": ExpiryConfig,
+    "payment_queue_drain_job": QueueDrainConfig,
+    "outbox_relay_job": OutboxRelayConfig,
+}

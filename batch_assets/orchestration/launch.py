@@ -1,0 +1,260 @@
+"""CLI → a Dagster run on the instance → the run's summary.
+
+Every job command of the CLI runs its job *as a Dagster run* on the same instance
+`dagster dev` shows (CONTRACT §2): `ensure_instance` picks DAGSTER_HOME (or the
+project-local `.batch_assets/dagster_home`) and gives it a dagster.yaml;
+`launch_job` validates the config (ConfigError naming the field, before anything
+is written), executes the job with `dg.execute_job` on a reconstructable pointer
+(so the multiprocess and celery executors can rebuild it in other processes), and
+reads the summary that the job's final op recorded in run history.
+
+Nothing here prints to stdout: the CLI prints the JSON summary as its last line.
+Dagster's console logger is set to WARNING and writes to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pydantic
+
+import batch_assets
+from batch_assets import run_history
+from batch_assets.db.engine import create_engine, normalize_url, resolve_database_url
+from batch_assets.errors import ConfigError
+from batch_assets.orchestration.config import CONFIG_CLASSES
+from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
+
+EXECUTORS = ("in_process", "multiprocess", "celery")
+CONFIG_OP = {
+    "customer_status_sweep_job": "plan_sweep",
+    "customer_status_sweep_celery_job": "plan_sweep",
+    "subscription_expiry_job": "expire_subscriptions",
+    "payment_queue_drain_job": "drain_payment_queue",
+    "outbox_relay_job": "relay_outbox_events",
+}
+CELERY_VARIANT = {"customer_status_sweep_job": "customer_status_sweep_celery_job"}
+SQLITE_TEMPLATE = "dagster.yaml"
+POSTGRES_TEMPLATE = "dagster.postgres.yaml"
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    run_id: str
+    dagster_status: str
+    """The Dagster run status: SUCCESS, FAILURE, CANCELED, ..."""
+    summary: dict[str, Any] | None
+    """The job's summary (CONTRACT §2 keys); a FAILURE summary when the run failed before recording one."""
+
+
+def repo_root() -> Path:
+    """The repository (the package is installed editable): where workspace.yaml and dagster*.yaml live."""
+    return Path(batch_assets.__file__).resolve().parents[1]
+
+
+def ensure_instance(settings: Settings) -> Path:
+    """The Dagster instance directory, with a dagster.yaml; sets DAGSTER_HOME for this process."""
+    configured = os.environ.get("DAGSTER_HOME", "").strip()
+    home = Path(configured).expanduser().resolve() if configured else settings.dagster_home
+    home.mkdir(parents=True, exist_ok=True)
+    wanted = POSTGRES_TEMPLATE if os.environ.get(DAGSTER_PG_URL_VAR, "").strip() else SQLITE_TEMPLATE
+    other = SQLITE_TEMPLATE if wanted == POSTGRES_TEMPLATE else POSTGRES_TEMPLATE
+    target = home / "dagster.yaml"
+    template = repo_root() / wanted
+    # Write ours when missing, or switch when the file is our other template verbatim (storage changed);
+    # a dagster.yaml someone edited is left alone.
+    if not target.exists() or target.read_bytes() == (repo_root() / other).read_bytes():
+        shutil.copyfile(template, target)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def get_job(job_name: str) -> dg.JobDefinition:
+    """The job with its resources bound as in the code location (the reconstructable target).
+
+    Resources are built at call time, so they follow this process's environment.
+    """
+    from batch_assets.orchestration.jobs import JOBS
+    from batch_assets.orchestration.resources import default_resources
+
+    jobs = [job for job in JOBS if job.name == job_name]
+    if not jobs:
+        raise ConfigError(f"unknown job {job_name!r}", field="job")
+    return dg.Definitions(jobs=jobs, resources=default_resources()).resolve_job_def(job_name)
+
+
+def _validated_op_config(job_name: str, config: Any) -> dict[str, Any]:
+    """The op config as a plain dict, validated as the CLI does it: ConfigError naming the field."""
+    cls = CONFIG_CLASSES.get(job_name)
+    if cls is None:
+        raise ConfigError(f"unknown job {job_name!r}", field="job")
+    if config is None:
+        config = cls()
+    elif isinstance(config, Mapping):
+        try:
+            config = cls(**dict(config))
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first.get("loc", ())) or None
+            raise ConfigError(str(first.get("msg", "invalid value")), field=field) from None
+    elif not isinstance(config, cls):
+        raise ConfigError(f"expected {cls.__name__}, got {type(config).__name__}", field="config")
+    config.to_engine_settings()
+    return config.model_dump()
+
+
+def build_run_config(
+    job_name: str,
+    config: Any,
+    *,
+    executor: str = "in_process",
+    max_concurrent: int | None = None,
+    executor_config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run config for `job_name`: the job's op config, the executor and a WARNING console logger."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"must be one of {', '.join(EXECUTORS)}, got {executor!r}", field="executor")
+    run_config: dict[str, Any] = {
+        "ops": {CONFIG_OP[job_name]: {"config": _validated_op_config(job_name, config)}},
+        "loggers": {"console": {"config": {"log_level": "WARNING"}}},
+    }
+    if executor == "in_process":
+        run_config["execution"] = {"config": {"in_process": {}}}
+    elif executor == "multiprocess":
+        run_config["execution"] = {"config": {"multiprocess": {"max_concurrent": max_concurrent or 0}}}
+    elif executor_config:
+        run_config["execution"] = {"config": dict(executor_config)}
+    return run_config
+
+
+def launch_job(
+    job_name: str,
+    config: Any,
+    *,
+    settings: Settings,
+    tags: Mapping[str, str] | None = None,
+    executor: str = "in_process",
+    max_concurrent: int | None = None,
+    executor_config: Mapping[str, Any] | None = None,
+) -> LaunchResult:
+    """Run `job_name` as a Dagster run on the instance and return its run id, status and summary.
+
+    `config` is the job's `dg.Config` object (SweepConfig, ExpiryConfig, ...) or a dict of its fields.
+    `executor`: "in_process" (the CLI), "multiprocess" (ranges in parallel processes, at most
+    `max_concurrent`) or "celery" (the sweep's ranges on celery workers; `executor_config`
+    may set {"broker": "redis://..."}).
+    Raises ConfigError (naming the field) before anything runs when the config is invalid.
+    """
+    name = CELERY_VARIANT.get(job_name, job_name) if executor == "celery" else job_name
+    if executor == "celery" and name not in CELERY_VARIANT.values():
+        raise ConfigError(f"{job_name} has no celery variant", field="executor")
+    run_config = build_run_config(
+        name, config, executor=executor, max_concurrent=max_concurrent, executor_config=executor_config
+    )
+    ensure_instance(settings)
+    all_tags = {"batch_assets/launched_by": "cli", **(tags or {})}
+    with dg.DagsterInstance.get() as instance:
+        try:
+            result = dg.execute_job(
+                dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(name,)),
+                instance=instance,
+                run_config=run_config,
+                tags=all_tags,
+            )
+        except dg.DagsterInvalidConfigError as exc:
+            raise ConfigError(_first_line(str(exc)), field="run_config") from None
+        return _result_of(instance, result, settings)
+
+
+def reexecute_from_failure(
+    run_id: str,
+    *,
+    settings: Settings,
+    executor: str | None = None,
+    max_concurrent: int | None = None,
+) -> LaunchResult:
+    """Re-execute a failed run from failure: only its failed and not-run steps run (unfinished ranges resume)."""
+    ensure_instance(settings)
+    with dg.DagsterInstance.get() as instance:
+        parent = instance.get_run_by_id(run_id)
+        if parent is None:
+            raise ConfigError(f"no run {run_id!r} on this instance", field="run_id")
+        run_config = dict(parent.run_config)
+        if executor == "in_process":
+            run_config["execution"] = {"config": {"in_process": {}}}
+        elif executor == "multiprocess":
+            run_config["execution"] = {"config": {"multiprocess": {"max_concurrent": max_concurrent or 0}}}
+        result = dg.execute_job(
+            dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(parent.job_name,)),
+            instance=instance,
+            run_config=run_config,
+            tags={"batch_assets/launched_by": "cli"},
+            reexecution_options=dg.ReexecutionOptions.from_failure(run_id, instance),
+        )
+        return _result_of(instance, result, settings)
+
+
+def _result_of(instance: dg.DagsterInstance, result: Any, settings: Settings) -> LaunchResult:
+    run_id = result.run_id
+    run = instance.get_run_by_id(run_id)
+    status = run.status.value if run is not None else ("SUCCESS" if result.success else "FAILURE")
+    summary = read_summary(run_id, settings)
+    if summary is None and status != "SUCCESS":
+        summary = _failure_summary(run_id, _error_of(result) or f"run ended {status}")
+    elif summary is None:
+        summary = _failure_summary(run_id, "the run succeeded but recorded no summary")
+    return LaunchResult(run_id=run_id, dagster_status=status, summary=summary)
+
+
+def read_summary(run_id: str, settings: Settings) -> dict[str, Any] | None:
+    """The summary the run's final op recorded in run history, or None."""
+    url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
+    engine = create_engine(url, pool_size=1, max_overflow=0)
+    try:
+        summary = run_history.latest(engine, run_id)
+    finally:
+        engine.dispose()
+    return dict(summary) if summary is not None else None
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
+
+
+def _error_of(result: Any) -> str | None:
+    """The first step failure's message (one line), else the run failure's."""
+    for event in result.get_step_failure_events():
+        error = event.step_failure_data.error
+        # The step error wraps the user code's exception: report the innermost cause.
+        while error is not None and error.cause is not None:
+            error = error.cause
+        if error is not None:
+            return _first_line(error.message)
+    try:
+        failure = result.get_run_failure_event()
+    except Exception:  # no run-failure event (e.g. canceled): fall back to the caller's message
+        return None
+    data = failure.job_failure_data
+    if data is not None and data.error is not None:
+        return _first_line(data.error.message)
+    return _first_line(failure.message or "") or None
+
+
+def _failure_summary(run_id: str, error: str) -> dict[str, Any]:
+    return {
+        "status": "FAILURE",
+        "run_id": run_id,
+        "scanned": 0,
+        "changed": 0,
+        "unchanged": 0,
+        "failed": 0,
+        "failed_by_type": {},
+        "duration_s": 0.0,
+        "error": error,
+    }

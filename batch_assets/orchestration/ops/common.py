@@ -1,0 +1,167 @@
+"""What every job's ops share: config failures, run dates, summaries in run history, stop handling."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, date, datetime
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from batch_assets import run_history
+from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
+from batch_assets.errors import ConfigError
+from batch_assets.orchestration.config import today_in
+from batch_assets.settings import load_settings
+from batch_assets.shutdown import STOP
+
+SUMMARY_COUNTERS = ("scanned", "changed", "unchanged", "failed")
+
+
+def config_failure(exc: ConfigError) -> dg.Failure:
+    """A non-retriable failure naming the invalid field, raised before any read or write."""
+    return dg.Failure(
+        description=f"invalid configuration: {exc}",
+        metadata={"field": exc.field or "", "error": str(exc)},
+        allow_retries=False,
+    )
+
+
+def resolve_run_date(configured: date | None) -> date:
+    """The run date: the configured one, else today in BATCH_ASSETS_TIMEZONE (computed once per run)."""
+    if configured is not None:
+        return configured
+    try:
+        return today_in(load_settings().timezone)
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def empty_summary(status: str, run_id: str, **extra: Any) -> dict[str, Any]:
+    """A summary with zero counters (a skipped run, or a failure before any work)."""
+    return {
+        "status": status,
+        "run_id": run_id,
+        "scanned": 0,
+        "changed": 0,
+        "unchanged": 0,
+        "failed": 0,
+        "failed_by_type": {},
+        "duration_s": 0.0,
+        **extra,
+    }
+
+
+def failed_by_type_table(failed_by_type: Mapping[str, int]) -> dg.MetadataValue:
+    rows = "\n".join(f"| {kind} | {count} |" for kind, count in sorted(failed_by_type.items()))
+    return dg.MetadataValue.md("| kind | rows |\n|---|---|\n" + (rows or "| (none) | 0 |"))
+
+
+def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary as UI metadata: numbers as numbers, failures by kind as a table."""
+    metadata: dict[str, Any] = {}
+    for key, value in summary.items():
+        if key == "failed_by_type" and isinstance(value, Mapping):
+            metadata["failed_by_type"] = failed_by_type_table(value)
+        elif isinstance(value, bool) or value is None:
+            metadata[key] = dg.MetadataValue.text(str(value))
+        elif isinstance(value, int | float):
+            metadata[key] = value
+        elif isinstance(value, str):
+            metadata[key] = dg.MetadataValue.text(value)
+        else:
+            metadata[key] = dg.MetadataValue.json(json.loads(json.dumps(value, default=str)))
+    return metadata
+
+
+def finish(
+    context: dg.OpExecutionContext,
+    engine: sa.Engine,
+    *,
+    summary: dict[str, Any],
+    started_at: datetime,
+    mode: str | None = None,
+    run_date: date | None = None,
+    output_metadata: bool = True,
+) -> dict[str, Any]:
+    """Record the run's summary in run history (how the CLI gets it), then succeed, skip or fail the op."""
+    status = summary.get("status", FAILURE)
+    summary["run_id"] = context.run_id
+    run_history.record(
+        engine,
+        run_id=context.run_id,
+        job=context.job_name,
+        status=status,
+        started_at=started_at,
+        summary=summary,
+        mode=mode,
+        run_date=run_date,
+    )
+    metadata = summary_metadata(summary)
+    if status == FAILURE:
+        reason = summary.get("error") or summary.get("stopped_reason") or summary.get("stopped_by") or "see metadata"
+        raise dg.Failure(
+            description=f"{context.job_name} ended FAILURE: {reason}",
+            metadata=metadata,
+            allow_retries=False,
+        )
+    if status == SKIPPED:
+        context.log.warning(f"{context.job_name}: SKIPPED ({summary.get('reason', 'another run holds the lock')})")
+    if output_metadata:
+        context.add_output_metadata(metadata)
+    return summary
+
+
+def record_skipped(
+    context: dg.OpExecutionContext,
+    engine: sa.Engine,
+    *,
+    reason: str,
+    started_at: datetime,
+    mode: str | None = None,
+    run_date: date | None = None,
+    output_metadata: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
+    summary = empty_summary(SKIPPED, context.run_id, reason=reason, **extra)
+    return finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date,
+                  output_metadata=output_metadata)
+
+
+@contextmanager
+def stop_on_interrupt() -> Iterator[None]:
+    """A run termination (DagsterExecutionInterruptedError, a BaseException) sets STOP so engines drain."""
+    try:
+        yield
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            STOP.set()
+        raise
+
+
+__all__ = [
+    "FAILURE",
+    "SKIPPED",
+    "SUCCESS",
+    "config_failure",
+    "empty_summary",
+    "finish",
+    "one_line",
+    "record_skipped",
+    "resolve_run_date",
+    "stop_on_interrupt",
+    "summary_metadata",
+    "utcnow",
+]

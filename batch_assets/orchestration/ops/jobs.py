@@ -1,0 +1,208 @@
+"""Ops of the single-step jobs: subscription expiry, payment queue drain, outbox relay."""
+
+# No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
+
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
+from batch_assets.engine.settings import SweepSettings
+from batch_assets.errors import ConfigError, LockNotAcquired
+from batch_assets.orchestration.config import ExpiryConfig, OutboxRelayConfig, QueueDrainConfig
+from batch_assets.orchestration.ops.common import (
+    config_failure,
+    empty_summary,
+    finish,
+    resolve_run_date,
+    stop_on_interrupt,
+    utcnow,
+)
+from batch_assets.orchestration.progress import OpProgress
+from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
+from batch_assets.settings import load_settings
+from batch_assets.shutdown import STOP
+
+OUTBOX_RELAY_JOB_KEY = "outbox_relay"
+
+SUBSCRIPTION_COUNTS = sa.text("SELECT status, count(*) AS n FROM subscriptions GROUP BY status ORDER BY status")
+PAYMENT_COUNTS = sa.text("SELECT status, count(*) AS n FROM payments GROUP BY status ORDER BY status")
+OUTBOX_COUNTS = sa.text("SELECT status, count(*) AS n FROM outbox_events GROUP BY status ORDER BY status")
+
+
+def status_counts(engine: sa.Engine, query: sa.TextClause) -> tuple[dict[str, int], dg.MetadataValue]:
+    """Rows by status, as numbers and as a markdown table."""
+    with engine.connect() as conn:
+        counts = {str(row.status): int(row.n) for row in conn.execute(query)}
+    body = "\n".join(f"| {status} | {n:,} |" for status, n in counts.items())
+    return counts, dg.MetadataValue.md("| status | rows |\n|---|---:|\n" + (body or "| (none) | 0 |"))
+
+
+@dg.op(tags={"kind": "expiry"})
+def expire_subscriptions(
+    context: dg.OpExecutionContext,
+    config: ExpiryConfig,
+    database: DatabaseResource,
+    job_lock: JobLockResource,
+) -> dict:
+    """Expire ACTIVE subscriptions past their expiry date (or retry FAILED ones) under the job lock."""
+    from batch_assets.domains.subscriptions.expiry import run_expiry_job
+
+    started_at = utcnow()
+    try:
+        plan = config.to_engine_settings()
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    run_date = resolve_run_date(plan.run_date)
+    engine = database.get_engine()
+    mode = "retry_failed" if plan.retry_failed else "nightly"
+    progress = OpProgress(context, label="subscription expiry", asset_key="subscription_status")
+    try:
+        with stop_on_interrupt(), progress:
+            result = run_expiry_job(
+                engine,
+                run_date=run_date,
+                settings=plan.engine,
+                run_id=context.run_id,
+                retry_failed=plan.retry_failed,
+                lock=job_lock.lock_for(engine),
+                stop=STOP,
+                progress=progress,
+            )
+    except LockNotAcquired as exc:
+        summary = empty_summary(SKIPPED, context.run_id, reason=str(exc), run_date=run_date.isoformat(), mode=mode)
+        return finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
+    summary = finish(
+        context, engine, summary=result.to_summary(context.run_id), started_at=started_at, mode=mode,
+        run_date=run_date,
+    )
+    _, table = status_counts(engine, SUBSCRIPTION_COUNTS)
+    context.log_event(
+        dg.AssetMaterialization(
+            asset_key="subscription_status",
+            description=f"{mode} expiry for {run_date}",
+            metadata={
+                "run_date": str(run_date),
+                "expired": summary["changed"],
+                "failed": summary["failed"],
+                "enrollments_deleted": int(summary.get("enrollments_deleted") or 0),
+                "subscriptions_by_status": table,
+                "duration_s": summary["duration_s"],
+            },
+        )
+    )
+    return summary
+
+
+@dg.op(tags={"kind": "queue"})
+def drain_payment_queue(
+    context: dg.OpExecutionContext,
+    config: QueueDrainConfig,
+    database: DatabaseResource,
+) -> dict:
+    """Process due payments until the queue is drained (or max_seconds pass)."""
+    from batch_assets.domains.payments.handler import default_handler
+    from batch_assets.domains.payments.worker import run_worker
+
+    started_at = utcnow()
+    try:
+        plan = config.to_engine_settings()
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    engine = database.get_engine(min_pool_size=plan.engine.concurrency + 2)
+    settings = load_settings()
+    handler = default_handler(settings.limits_url, plan.engine.http_timeout_s, concurrency=plan.engine.concurrency)
+    progress = OpProgress(context, label="payment queue", asset_key="payment_status")
+    try:
+        with stop_on_interrupt(), progress:
+            result = run_worker(
+                engine, plan.engine, handler=handler, stop=STOP, max_seconds=plan.max_seconds, drain=True,
+                progress=progress,
+            )
+    finally:
+        handler.close()
+    summary = finish(context, engine, summary=result.to_summary(context.run_id), started_at=started_at)
+    counts, table = status_counts(engine, PAYMENT_COUNTS)
+    context.log_event(
+        dg.AssetMaterialization(
+            asset_key="payment_status",
+            description="payment queue drain",
+            metadata={
+                "done": summary["changed"],
+                "retried": int(summary.get("retried") or 0),
+                "failed": summary["failed"],
+                "dlq_size": int(summary.get("dlq_size") or counts.get("FAILED", 0)),
+                "payments_by_status": table,
+                "duration_s": summary["duration_s"],
+            },
+        )
+    )
+    return summary
+
+
+def _relay_summary(outcome: Any, run_id: str) -> dict[str, Any]:
+    """The relay's RelayResult as a CONTRACT §2 summary (scanned = changed = events sent)."""
+    summary = empty_summary(FAILURE if outcome.error else SUCCESS, run_id)
+    summary.update(
+        scanned=outcome.sent,
+        changed=outcome.sent,
+        sent=outcome.sent,
+        batches=outcome.batches,
+        duration_s=round(outcome.duration_s, 3),
+    )
+    if outcome.error:
+        summary["error"] = f"relay stopped by {outcome.error}; the batch stays PENDING"
+        summary["failed_by_type"] = {outcome.error: 1}
+    return summary
+
+
+@dg.op(tags={"kind": "outbox"})
+def relay_outbox_events(
+    context: dg.OpExecutionContext,
+    config: OutboxRelayConfig,
+    database: DatabaseResource,
+    job_lock: JobLockResource,
+) -> dict:
+    """Send PENDING outbox events to the sink and mark them SENT, one relay at a time (job lock)."""
+    from batch_assets.locking.guard import job_guard
+    from batch_assets.outbox.relay import make_sink, relay_outbox
+
+    started_at = utcnow()
+    try:
+        plan = config.to_engine_settings()
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    engine = database.get_engine()
+    sink = make_sink(load_settings())
+    try:
+        with stop_on_interrupt(), job_guard(
+            engine, job_key=OUTBOX_RELAY_JOB_KEY, run_id=context.run_id, settings=SweepSettings(),
+            lock=job_lock.lock_for(engine),
+        ):
+            outcome = relay_outbox(engine, sink=sink, batch_size=plan.batch_size)
+    except LockNotAcquired as exc:
+        summary = empty_summary(SKIPPED, context.run_id, reason=str(exc))
+        return finish(context, engine, summary=summary, started_at=started_at)
+    finally:
+        close = getattr(sink, "close", None)
+        if close is not None:
+            close()
+    summary = finish(context, engine, summary=_relay_summary(outcome, context.run_id), started_at=started_at)
+    counts, table = status_counts(engine, OUTBOX_COUNTS)
+    context.log_event(
+        dg.AssetObservation(
+            asset_key="outbox_events",
+            description="outbox relay",
+            metadata={
+                "sent": int(summary.get("sent") or 0),
+                "pending": counts.get("PENDING", 0),
+                "events_by_status": table,
+                "duration_s": summary["duration_s"],
+            },
+        )
+    )
+    return summary
+
+
+__all__ = ["FAILURE", "drain_payment_queue", "expire_subscriptions", "relay_outbox_events"]

@@ -1,0 +1,327 @@
+"""The customer-status sweep as ops over cursor ranges.
+
+plan_sweep         validates config, fixes the run date once, takes lock + lease as the run's
+                   owner and maps one output per UUID cursor range (delta: one range);
+sweep_range        (mapped) joins the run's lock and lease, runs the engine on its range
+                   with its own checkpoint and progress, fails on FAILURE so a re-execution
+                   from failure resumes exactly the unfinished ranges from their checkpoints;
+summarise_sweep    merges the ranges, records the summary in run history, releases lock and
+                   lease, and reports customer_status, review_triggers and outbox_events.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import date, datetime
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from batch_assets.domains.customer_status.rules_store import current_rules
+from batch_assets.engine.definition import UUID_MAX, CursorRange
+from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
+from batch_assets.engine.settings import SweepSettings
+from batch_assets.errors import ConfigError, LockNotAcquired
+from batch_assets.orchestration.config import SweepConfig
+from batch_assets.orchestration.ops.common import (
+    config_failure,
+    empty_summary,
+    failed_by_type_table,
+    finish,
+    resolve_run_date,
+    stop_on_interrupt,
+    summary_metadata,
+    utcnow,
+)
+from batch_assets.orchestration.progress import OpProgress
+from batch_assets.orchestration.resources import (
+    CheckpointsResource,
+    DatabaseResource,
+    EncryptionResource,
+    JobLockResource,
+)
+from batch_assets.orchestration.run_guard import acquire_run_lock, joined_guard, release_run_lock, run_owner
+from batch_assets.shutdown import STOP
+
+SWEEP_JOB_KEY = "customer_status_sweep"
+"""The lock and lease name shared by delta, full and config-change (they never overlap)."""
+
+_ADDITIVE = ("scanned", "changed", "unchanged", "failed", "pages", "decrypted", "triggers", "audit_events")
+
+
+def split_key_space(count: int) -> list[CursorRange]:
+    """`count` contiguous inclusive UUID ranges covering the whole key space."""
+    space = UUID_MAX.int + 1
+    bounds = [space * i // count for i in range(count + 1)]
+    return [CursorRange(uuid.UUID(int=bounds[i]), uuid.UUID(int=bounds[i + 1] - 1)) for i in range(count)]
+
+
+def _root_run_id(context: dg.OpExecutionContext) -> str:
+    return context.run.root_run_id or context.run_id
+
+
+@dg.op(
+    out=dg.DynamicOut(dict, description="One task per cursor range."),
+    tags={"kind": "sweep"},
+)
+def plan_sweep(
+    context: dg.OpExecutionContext,
+    config: SweepConfig,
+    database: DatabaseResource,
+    encryption: EncryptionResource,
+    job_lock: JobLockResource,
+) -> Iterator[dg.DynamicOutput[dict]]:
+    """Validate the run config, fix the run date, take the run's lock + lease and map the cursor ranges."""
+    started_at = utcnow()
+    try:
+        plan = config.to_engine_settings()
+        encryption.cipher()  # a missing or malformed key stops the run here, before any read
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    run_date = resolve_run_date(plan.run_date)
+    engine = database.get_engine()
+    owner = run_owner(_root_run_id(context))
+    try:
+        acquire_run_lock(
+            engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY, owner=owner, settings=plan.engine
+        )
+    except LockNotAcquired as exc:
+        summary = empty_summary(
+            SKIPPED, context.run_id, reason=str(exc), mode=plan.mode, run_date=run_date.isoformat(), pages=0,
+            decrypted=0, triggers=0, audit_events=0, resumed_from=None,
+        )
+        finish(context, engine, summary=summary, started_at=started_at, mode=plan.mode, run_date=run_date,
+               output_metadata=False)
+        return
+    with engine.connect() as conn:
+        version, rules = current_rules(conn)
+    ranges = [CursorRange()] if plan.ranges == 1 else split_key_space(plan.ranges)
+    context.log.info(
+        f"sweep mode={plan.mode} run_date={run_date} ranges={len(ranges)} owner={owner} "
+        f"rules v{version} ({rules.fingerprint})"
+    )
+    for index, cursor_range in enumerate(ranges):
+        yield dg.DynamicOutput(
+            {
+                "index": index,
+                "count": len(ranges),
+                "lo": str(cursor_range.lo),
+                "hi": str(cursor_range.hi),
+                "mode": plan.mode,
+                "run_date": run_date.isoformat(),
+                "settings": plan.engine.as_dict(),
+                "owner": owner,
+                "started_at": started_at.isoformat(),
+                "rules_fingerprint": rules.fingerprint,
+            },
+            mapping_key=f"r{index:03d}_of_{len(ranges):03d}",
+        )
+
+
+@dg.op(tags={"kind": "sweep"})
+def sweep_range(
+    context: dg.OpExecutionContext,
+    task: dict,
+    database: DatabaseResource,
+    encryption: EncryptionResource,
+    job_lock: JobLockResource,
+    checkpoints: CheckpointsResource,
+) -> dict:
+    """Sweep one cursor range under the run's lock and lease, resuming from its checkpoint."""
+    from batch_assets.domains.customer_status.job import run_customer_status_sweep
+
+    settings = SweepSettings.build(**task["settings"])
+    cursor_range = CursorRange.parse(task["lo"], task["hi"])
+    run_date = date.fromisoformat(task["run_date"])
+    engine = database.get_engine(min_pool_size=settings.pool_size)
+    label = f"range {task['index'] + 1}/{task['count']}" if task["count"] > 1 else "sweep"
+    progress = OpProgress(context, label=label, asset_key="customer_status", every_pages=settings.summary_every_pages)
+    try:
+        with stop_on_interrupt(), progress, joined_guard(
+            engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY, owner=task["owner"], settings=settings
+        ) as guard:
+            result = run_customer_status_sweep(
+                engine,
+                encryption.cipher(),
+                mode=task["mode"],
+                run_date=run_date,
+                settings=settings,
+                run_id=context.run_id,
+                guard=guard,
+                checkpoints=checkpoints.store(engine),
+                stop=STOP,
+                cursor_range=cursor_range,
+                progress=progress,
+            )
+    except LockNotAcquired as exc:
+        raise dg.Failure(
+            description=f"{label}: lost the run's lock to another run: {exc}", allow_retries=False
+        ) from None
+    summary = result.to_summary()
+    summary["range"] = cursor_range.key
+    summary["started_at"] = task["started_at"]
+    metadata = summary_metadata(summary)
+    if result.status != SUCCESS:
+        # Fail the step (not just the run) so a re-execution from failure resumes this range.
+        reason = summary.get("stopped_reason") or result.status
+        record_range_failure(context, engine, summary, task)
+        raise dg.Failure(description=f"{label} ended {result.status}: {reason}", metadata=metadata,
+                         allow_retries=False)
+    context.add_output_metadata(metadata)
+    return summary
+
+
+def record_range_failure(
+    context: dg.OpExecutionContext, engine: sa.Engine, summary: dict[str, Any], task: dict
+) -> None:
+    """A failed range records a FAILURE summary for the run (the summary op will not run)."""
+    from batch_assets import run_history
+
+    failed = dict(summary)
+    failed["status"] = FAILURE
+    failed["run_id"] = context.run_id
+    failed["error"] = f"range {task['index'] + 1}/{task['count']} ({summary.get('range')}): " \
+                      f"{summary.get('stopped_reason') or summary.get('status')}"
+    failed["duration_s"] = round((utcnow() - datetime.fromisoformat(task["started_at"])).total_seconds(), 3)
+    run_history.record(
+        engine,
+        run_id=context.run_id,
+        job=context.job_name,
+        status=FAILURE,
+        started_at=datetime.fromisoformat(task["started_at"]),
+        summary=failed,
+        mode=task["mode"],
+        run_date=date.fromisoformat(task["run_date"]),
+    )
+
+
+def merge_summaries(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One run summary from the ranges' summaries (counters add up; FAILURE wins over SUCCESS)."""
+    merged: dict[str, Any] = {key: 0 for key in _ADDITIVE}
+    merged["failed_by_type"] = dict.fromkeys(FAILURE_KINDS, 0)
+    for part in parts:
+        for key in _ADDITIVE:
+            merged[key] += int(part.get(key) or 0)
+        for kind, count in (part.get("failed_by_type") or {}).items():
+            merged["failed_by_type"][kind] = merged["failed_by_type"].get(kind, 0) + int(count)
+    statuses = {p.get("status") for p in parts}
+    merged["status"] = FAILURE if FAILURE in statuses else SUCCESS
+    resumed = {p.get("range", str(i)): p.get("resumed_from") for i, p in enumerate(parts) if p.get("resumed_from")}
+    if not resumed:
+        merged["resumed_from"] = None
+    elif len(parts) == 1:
+        merged["resumed_from"] = next(iter(resumed.values()))
+    else:
+        merged["resumed_from"] = resumed
+    merged["ranges"] = len(parts)
+    return merged
+
+
+CATEGORY_COUNTS = sa.text(
+    "SELECT coalesce(age_category, '(not computed)') AS category, count(*) AS n "
+    "FROM customers WHERE status = 'ACTIVE' GROUP BY 1 ORDER BY 1"
+)
+
+
+def category_table(engine: sa.Engine) -> tuple[dict[str, int], dg.MetadataValue]:
+    with engine.connect() as conn:
+        counts = {row.category: int(row.n) for row in conn.execute(CATEGORY_COUNTS)}
+    body = "\n".join(f"| {name} | {n:,} |" for name, n in counts.items())
+    return counts, dg.MetadataValue.md("| age_category | ACTIVE customers |\n|---|---:|\n" + (body or "| (none) | 0 |"))
+
+
+def ranges_table(parts: Sequence[dict[str, Any]]) -> dg.MetadataValue:
+    lines = [
+        "| range | scanned | changed | failed | pages | duration_s | resumed_from |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for part in parts:
+        lines.append(
+            f"| {part.get('range')} | {part.get('scanned', 0):,} | {part.get('changed', 0):,} | "
+            f"{part.get('failed', 0):,} | {part.get('pages', 0):,} | {part.get('duration_s', 0)} | "
+            f"{part.get('resumed_from') or ''} |"
+        )
+    return dg.MetadataValue.md("\n".join(lines))
+
+
+@dg.op(tags={"kind": "sweep"})
+def summarise_sweep(
+    context: dg.OpExecutionContext,
+    results: list[dict],
+    database: DatabaseResource,
+    job_lock: JobLockResource,
+) -> dict:
+    """Merge the ranges, record the run summary, release lock and lease, report the assets."""
+    if not results:
+        # plan_sweep mapped no range: the run was SKIPPED (recorded there) and holds no lock.
+        context.log.info("no cursor range ran (the run was skipped); nothing to summarise")
+        return {}
+    engine = database.get_engine()
+    first = results[0] if results else {}
+    mode = first.get("mode")
+    run_date = date.fromisoformat(first["run_date"]) if first.get("run_date") else None
+    started = time.monotonic()
+    try:
+        summary = merge_summaries(results)
+        summary.update(mode=mode, run_date=first.get("run_date"))
+        started_at = _started_at(context, results)
+        summary["duration_s"] = round((utcnow() - started_at).total_seconds(), 3)
+        summary = finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
+    finally:
+        release_run_lock(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
+                         owner=run_owner(context.run.root_run_id or context.run_id))
+    counts, categories = category_table(engine)
+    tags = {"mode": str(mode), "run_date": str(run_date)}
+    common = {"run_date": str(run_date), "mode": str(mode), "duration_s": summary["duration_s"]}
+    context.log_event(
+        dg.AssetMaterialization(
+            asset_key="customer_status",
+            description=f"{mode} sweep for {run_date}",
+            metadata={
+                **common,
+                "scanned": summary["scanned"],
+                "changed": summary["changed"],
+                "unchanged": summary["unchanged"],
+                "failed": summary["failed"],
+                "failed_by_type": failed_by_type_table(summary["failed_by_type"]),
+                "pages": summary["pages"],
+                "decrypted": summary["decrypted"],
+                "counts_by_category": categories,
+                "active_customers": sum(counts.values()),
+                "ranges": ranges_table(results),
+            },
+            tags=tags,
+        )
+    )
+    context.log_event(
+        dg.AssetMaterialization(
+            asset_key="review_triggers",
+            description=f"review triggers written by the {mode} sweep for {run_date}",
+            metadata={**common, "triggers": summary["triggers"]},
+            tags=tags,
+        )
+    )
+    context.log_event(
+        dg.AssetMaterialization(
+            asset_key="outbox_events",
+            description=f"age_category_changed events written by the {mode} sweep for {run_date}",
+            metadata={**common, "events": summary["audit_events"]},
+            tags=tags,
+        )
+    )
+    context.log.info(f"sweep summary recorded in {time.monotonic() - started:.2f}s")
+    return summary
+
+
+def _started_at(context: dg.OpExecutionContext, results: Sequence[dict]) -> datetime:
+    for part in results:
+        if part.get("started_at"):
+            return datetime.fromisoformat(part["started_at"])
+    return utcnow()
+
+
+__all__ = ["SKIPPED", "SWEEP_JOB_KEY", "merge_summaries", "plan_sweep", "split_key_space", "summarise_sweep",
+           "sweep_range"]

@@ -1,0 +1,132 @@
+"""Resources: the database, the encryption key, the job lock and the checkpoint store.
+
+Each is a `ConfigurableResource` set up once per process (per step process under
+the multiprocess and celery executors) and disposed at teardown. Secrets reach
+them only through `dg.EnvVar`, never through run config; neither the key nor a
+decrypted value is ever logged or put in metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+from pydantic import Field, PrivateAttr
+
+from batch_assets.crypto import DobCipher, cipher_for, load_key
+from batch_assets.db.engine import DEFAULT_POOL_SIZE, create_engine, normalize_url, resolve_database_url
+from batch_assets.locking.checkpoint import CheckpointStore
+from batch_assets.locking.lock import JobLock, make_job_lock
+from batch_assets.settings import (
+    DATABASE_URL_VAR,
+    ENCRYPTION_KEY_VAR,
+    REDIS_URL_VAR,
+    load_settings,
+)
+
+
+class DatabaseResource(dg.ConfigurableResource):
+    """PostgreSQL with the business tables: BATCH_ASSETS_DATABASE_URL, or the embedded server when unset."""
+
+    url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL, set through EnvVar BATCH_ASSETS_DATABASE_URL. Unset: the embedded PostgreSQL.",
+    )
+    pool_size: int = Field(default=0, description=f"Connections in the pool. 0 = {DEFAULT_POOL_SIZE}.")
+
+    _engines: dict[int, sa.Engine] = PrivateAttr(default_factory=dict)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._engines = {}
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.dispose()
+
+    def resolved_url(self) -> str:
+        return normalize_url(self.url) if self.url else resolve_database_url(load_settings())
+
+    def get_engine(self, min_pool_size: int = 0) -> sa.Engine:
+        """This process's engine; a second, larger pool only when a caller needs more connections."""
+        base = self.pool_size or DEFAULT_POOL_SIZE
+        size = max(base, min_pool_size)
+        engine = self._engines.get(size)
+        if engine is None:
+            engine = self._engines[size] = create_engine(self.resolved_url(), pool_size=size)
+        return engine
+
+    @property
+    def engine(self) -> sa.Engine:
+        return self.get_engine()
+
+    def dispose(self) -> None:
+        for engine in self._engines.values():
+            engine.dispose()
+        self._engines = {}
+
+
+class EncryptionResource(dg.ConfigurableResource):
+    """The AES-256-GCM date-of-birth key: EnvVar BATCH_ASSETS_ENCRYPTION_KEY, or the dev key in embedded mode."""
+
+    key: str | None = Field(
+        default=None,
+        description="URL-safe base64 key, set through EnvVar BATCH_ASSETS_ENCRYPTION_KEY only (never in run config).",
+    )
+
+    def cipher(self) -> DobCipher:
+        """The process's cipher; a missing or malformed key is a ConfigError naming the variable."""
+        settings = load_settings()
+        if self.key:
+            settings = dataclasses.replace(settings, encryption_key=self.key)
+        return cipher_for(load_key(settings))
+
+
+class JobLockResource(dg.ConfigurableResource):
+    """The job lock store: Redis when BATCH_ASSETS_REDIS_URL is set, else the PostgreSQL lock table."""
+
+    redis_url: str | None = Field(
+        default=None, description="Redis URL for the lock (EnvVar BATCH_ASSETS_REDIS_URL). Unset: PostgreSQL."
+    )
+
+    _locks: list[Any] = PrivateAttr(default_factory=list)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._locks = []
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        for lock in self._locks:
+            close = getattr(lock, "close", None)
+            if close is not None:
+                close()
+        self._locks = []
+
+    def lock_for(self, engine: sa.Engine) -> JobLock:
+        """A lock client on `engine` (or Redis), closed at teardown."""
+        lock = make_job_lock(engine, self.redis_url)
+        self._locks.append(lock)
+        return lock
+
+
+class CheckpointsResource(dg.ConfigurableResource):
+    """Low-watermark checkpoints (ba_checkpoints), one per sweep, mode and cursor range."""
+
+    def store(self, engine: sa.Engine) -> CheckpointStore:
+        return CheckpointStore(engine)
+
+
+def _env(name: str) -> Any:
+    # Only the *presence* is read here, never the value: the value is resolved by Dagster
+    # through EnvVar when the resource is initialised (and shown in the UI by name only).
+    return dg.EnvVar(name) if os.environ.get(name, "").strip() else None
+
+
+def default_resources() -> dict[str, Any]:
+    """The resources of the code location, keyed by the op parameter names."""
+    return {
+        "database": DatabaseResource(url=_env(DATABASE_URL_VAR)),
+        "encryption": EncryptionResource(key=_env(ENCRYPTION_KEY_VAR)),
+        "job_lock": JobLockResource(redis_url=_env(REDIS_URL_VAR)),
+        "checkpoints": CheckpointsResource(),
+    }

@@ -1,0 +1,109 @@
+"""One lock and one lease per Dagster run, shared by the run's ops across processes.
+
+`locking.job_guard` owns lock and lease for the life of one block in one process
+(owner "<run_id>@<host>:<pid>"). A mapped sweep runs its cursor ranges in several
+ops, possibly in several processes (multiprocess, celery), so here the owner is
+derived from the run's *root* run id instead: the first op takes lock + lease,
+every range op joins them (same owner: extend, or retake if they expired and are
+free), heartbeats them while it works and fences its page writes on the lease,
+and the summary op releases both. A re-execution from failure has the same root
+run id, so it rejoins the failed run's lock and lease instead of being skipped by
+them; any other run is still excluded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import sqlalchemy as sa
+
+from batch_assets.errors import LockNotAcquired, LockStoreUnavailable
+from batch_assets.locking.guard import GuardSettings, RunGuard
+from batch_assets.locking.heartbeat import Heartbeat
+from batch_assets.locking.lease import Lease, lease_owner
+from batch_assets.locking.lock import JobLock
+
+log = logging.getLogger(__name__)
+
+
+def run_owner(root_run_id: str) -> str:
+    """The lock/lease owner shared by every op of a run and of its re-executions."""
+    return f"{root_run_id}@dagster-run"
+
+
+def _take_lock(lock: JobLock, job_key: str, owner: str, settings: GuardSettings) -> bool:
+    """Extend the lock if `owner` holds it, else take it if free; False if another owner holds it.
+
+    Returns True without a lock when the store is down and lock_fail_open is set (the lease still fences).
+    """
+    try:
+        if lock.extend(job_key, owner, settings.lock_ttl_s):
+            return True
+        if lock.acquire(job_key, owner, settings.lock_ttl_s, settings.lock_min_s):
+            return True
+    except LockStoreUnavailable as exc:
+        if not settings.lock_fail_open:
+            raise
+        log.warning("job lock %r unavailable, continuing on the lease alone (lock_fail_open): %s", job_key, exc)
+        return True
+    holder = None
+    try:
+        holder = lock.holder(job_key)
+    except LockStoreUnavailable:
+        pass
+    raise LockNotAcquired(f"job {job_key!r} is locked by {holder or 'another run'}")
+
+
+def acquire_run_lock(
+    engine: sa.Engine, lock: JobLock, *, job_key: str, owner: str, settings: GuardSettings
+) -> None:
+    """Take (or rejoin) the job lock and the lease for the run; LockNotAcquired if another run holds either."""
+    _take_lock(lock, job_key, owner, settings)
+    if not Lease(engine, job_key, owner, settings.lease_ttl_s).acquire():
+        held_by = lease_owner(engine, job_key)
+        try:
+            lock.release(job_key, owner)
+        except LockStoreUnavailable:
+            pass
+        raise LockNotAcquired(f"job {job_key!r} lease is held by {held_by}")
+
+
+def release_run_lock(engine: sa.Engine, lock: JobLock, *, job_key: str, owner: str) -> None:
+    """Release lease and lock of the run (best effort: both expire on their own)."""
+    try:
+        Lease(engine, job_key, owner, 1).release()
+    except Exception as exc:  # the lease expires by itself; do not replace the run's own outcome
+        log.warning("lease %r not released, it will expire: %s", job_key, exc)
+    try:
+        lock.release(job_key, owner)
+    except Exception as exc:  # same: lock-at-most-for bounds it
+        log.warning("job lock %r not released, it will expire: %s", job_key, exc)
+
+
+@contextmanager
+def joined_guard(
+    engine: sa.Engine, lock: JobLock, *, job_key: str, owner: str, settings: GuardSettings
+) -> Iterator[RunGuard]:
+    """Join the run's lock and lease for one range op and heartbeat both; nothing is released on exit."""
+    acquire_run_lock(engine, lock, job_key=job_key, owner=owner, settings=settings)
+    lease = Lease(engine, job_key, owner, settings.lease_ttl_s)
+
+    def renew_lock() -> bool:
+        try:
+            return lock.extend(job_key, owner, settings.lock_ttl_s) or (
+                settings.lock_fail_open and lock.acquire(job_key, owner, settings.lock_ttl_s)
+            )
+        except LockStoreUnavailable as exc:
+            if not settings.lock_fail_open:
+                raise
+            log.warning("job lock %r not renewed (lock_fail_open): %s", job_key, exc)
+            return True
+
+    renew_lock.__qualname__ = "JobLock.extend"
+    heartbeat = Heartbeat(settings.heartbeat_s, [lease.heartbeat, renew_lock], name=f"heartbeat-{job_key}").start()
+    try:
+        yield RunGuard(job_key, owner, lease, heartbeat, True)
+    finally:
+        heartbeat.stop()

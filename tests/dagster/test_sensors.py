@@ -1,0 +1,126 @@
+"""Sensor ticks with build_sensor_context inside dg.instance_for_test()."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from batch_assets.definitions import defs
+from batch_assets.domains.customer_status.rules import Rules
+from batch_assets.domains.customer_status.rules_store import set_rules
+from batch_assets.orchestration.jobs import payment_queue_drain_job
+from batch_assets.orchestration.launch import get_job
+from batch_assets.orchestration.resources import DatabaseResource
+from batch_assets.orchestration.sensors import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_sensor
+from batch_assets.settings import Settings
+
+pytestmark = pytest.mark.dagster
+
+
+def _tick(sensor_name: str, instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> tuple:
+    sensor = defs.resolve_sensor_def(sensor_name)
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"database": DatabaseResource(url=db_url)}
+    ) as context:
+        result = sensor.evaluate_tick(context)
+    return result, result.cursor
+
+
+@pytest.mark.integration
+def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, engine: sa.Engine) -> None:
+    """Default rules: no run; a change: one config-change run keyed by its fingerprint; same cursor: nothing."""
+    with dg.instance_for_test() as instance:
+        first, cursor = _tick("rules_changed_sensor", instance, None, db_url)
+        assert first.run_requests == [] and cursor is not None
+
+        rules = Rules.parse("MINOR=0,ADULT=21,SENIOR=67")
+        set_rules(engine, rules)
+        second, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
+        [request] = second.run_requests
+        assert request.run_key.startswith(rules.fingerprint)
+        assert request.run_config["ops"]["plan_sweep"]["config"]["mode"] == "config-change"
+        assert cursor == request.run_key
+
+        # The persisted cursor (what the daemon hands back after a restart) starts nothing new.
+        third, cursor_after = _tick("rules_changed_sensor", instance, cursor, db_url)
+        assert third.run_requests == [] and cursor_after == cursor
+
+
+def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
+    dagster_env: Settings, engine: sa.Engine
+) -> None:
+    """No drain yet: start one; one in progress: skip; one just finished: skip until the interval passed."""
+    with dg.instance_for_test() as instance:
+        result = payment_queue_drain_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+        [request] = result.run_requests
+        assert request.run_key == "drain-after:none"
+
+        running = instance.create_run_for_job(job_def=payment_queue_drain_job, status=dg.DagsterRunStatus.STARTED)
+        result = payment_queue_drain_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+        assert result.run_requests == [] and running.run_id in result.skip_message
+        instance.delete_run(running.run_id)
+
+        finished = get_job("payment_queue_drain_job").execute_in_process(
+            run_config={"ops": {"drain_payment_queue": {"config": {"max_seconds": 2}}}}, instance=instance
+        )
+        assert finished.success
+        result = payment_queue_drain_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+        assert result.run_requests == [] and "next drain in" in result.skip_message
+        assert QUEUE_DRAIN_INTERVAL_S > 0
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def webhook() -> Iterator[tuple[str, list[dict]]]:
+    received: list[dict] = []
+    handler = type("Hook", (_Hook,), {"received": received})
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/alert", received
+    server.shutdown()
+    server.server_close()
+
+
+def test_run_failure_sensor_logs_and_posts_an_alert(
+    dagster_env: Settings, engine: sa.Engine, webhook: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed run produces an alert POSTed to BATCH_ASSETS_ALERT_WEBHOOK naming run and job."""
+    url, received = webhook
+    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
+    sensor = defs.resolve_sensor_def("run_failure_alert_sensor")
+    with dg.instance_for_test() as instance:
+        failed = get_job("customer_status_sweep_job").execute_in_process(
+            run_config={"ops": {"plan_sweep": {"config": {"page_size": 5000}}}},
+            instance=instance,
+            raise_on_error=False,
+        )
+        assert not failed.success
+        context = dg.build_run_status_sensor_context(
+            sensor_name="run_failure_alert_sensor",
+            dagster_event=failed.get_run_failure_event(),
+            dagster_instance=instance,
+            dagster_run=failed.dagster_run,
+        ).for_run_failure()
+        sensor(context)
+    [alert] = received
+    assert alert["run_id"] == failed.run_id and alert["job"] == "customer_status_sweep_job"
+    assert alert["status"] == "FAILURE"
