@@ -169,7 +169,28 @@ def launch_job(
             )
         except dg.DagsterInvalidConfigError as exc:
             raise ConfigError(_first_line(str(exc)), field="run_config") from None
-        return _result_of(instance, result, settings)
+        launched = _result_of(instance, result, settings)
+    if launched.dagster_status != "SUCCESS" and name in SWEEP_JOBS:
+        release_after_failure(launched.run_id, settings)
+    return launched
+
+
+SWEEP_JOBS = ("customer_status_sweep_job", "customer_status_sweep_celery_job")
+
+
+def release_after_failure(root_run_id: str, settings: Settings) -> None:
+    """A failed sweep run (breaker, SIGTERM, lost lease, defect) gives back what it still holds."""
+    from batch_assets.locking.lock import make_job_lock
+    from batch_assets.orchestration.ops.sweep import SWEEP_JOB_KEY
+    from batch_assets.orchestration.run_guard import release_failed_run
+
+    url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
+    engine = create_engine(url, pool_size=1, max_overflow=0)
+    try:
+        release_failed_run(engine, make_job_lock(engine, settings.redis_url), job_key=SWEEP_JOB_KEY,
+                           root_run_id=root_run_id)
+    finally:
+        engine.dispose()
 
 
 def reexecute_from_failure(
@@ -197,7 +218,10 @@ def reexecute_from_failure(
             tags={"batch_assets/launched_by": "cli"},
             reexecution_options=dg.ReexecutionOptions.from_failure(run_id, instance),
         )
-        return _result_of(instance, result, settings)
+        launched = _result_of(instance, result, settings)
+    if launched.dagster_status != "SUCCESS" and parent.job_name in SWEEP_JOBS:
+        release_after_failure(parent.root_run_id or parent.run_id, settings)
+    return launched
 
 
 def _result_of(instance: dg.DagsterInstance, result: Any, settings: Settings) -> LaunchResult:

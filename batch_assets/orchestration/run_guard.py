@@ -22,15 +22,46 @@ import sqlalchemy as sa
 from batch_assets.errors import LockNotAcquired, LockStoreUnavailable
 from batch_assets.locking.guard import GuardSettings, RunGuard
 from batch_assets.locking.heartbeat import Heartbeat
-from batch_assets.locking.lease import Lease, lease_owner
+from batch_assets.locking.lease import Lease, lease_owner, make_owner
 from batch_assets.locking.lock import JobLock
 
 log = logging.getLogger(__name__)
 
 
 def run_owner(root_run_id: str) -> str:
-    """The lock/lease owner shared by every op of a run and of its re-executions."""
-    return f"{root_run_id}@dagster-run"
+    """The lock/lease owner shared by every op of a run and of its re-executions.
+
+    The run id plus the host and pid of the process that planned the run; the range ops
+    (in whatever process) receive this string from the plan and fence on it, and a
+    re-execution from failure reuses the plan's output, so it rejoins with the same owner.
+    """
+    return make_owner(root_run_id)
+
+
+def owned_by_run(owner: str | None, root_run_id: str) -> bool:
+    return owner is not None and owner.startswith(f"{root_run_id}@")
+
+
+def release_failed_run(engine: sa.Engine, lock: JobLock, *, job_key: str, root_run_id: str) -> bool:
+    """After a run ended without its summary op: release the lease and lock it still holds.
+
+    The checkpoints stay, so the next run (or a re-execution) resumes; without this the
+    next run would be refused until lock-at-most-for passes. Returns whether anything was held.
+    """
+    released = False
+    lease_holder = lease_owner(engine, job_key)
+    if owned_by_run(lease_holder, root_run_id):
+        Lease(engine, job_key, lease_holder, 1).release()
+        released = True
+    try:
+        lock_holder = lock.holder(job_key)
+    except LockStoreUnavailable as exc:
+        log.warning("job lock %r not released, it will expire: %s", job_key, exc)
+        return released
+    if owned_by_run(lock_holder, root_run_id):
+        lock.release(job_key, lock_holder)
+        released = True
+    return released
 
 
 def _take_lock(lock: JobLock, job_key: str, owner: str, settings: GuardSettings) -> bool:

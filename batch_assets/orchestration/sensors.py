@@ -15,6 +15,7 @@ from batch_assets.orchestration.jobs import (
     payment_queue_drain_job,
     subscription_expiry_job,
 )
+from batch_assets.orchestration.launch import SWEEP_JOBS, release_after_failure
 from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.settings import load_settings
 
@@ -135,6 +136,8 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext) -> None:
     error = context.failure_event.message if context.failure_event else "run failed"
     text = f"batch_assets: run {run.run_id} of {run.job_name} FAILED: {error}"
     context.log.error(text)
+    if run.job_name in SWEEP_JOBS:
+        release_after_failure(run.root_run_id or run.run_id, load_settings())
     send_alert(
         text,
         {"run_id": run.run_id, "job": run.job_name, "status": "FAILURE", "error": error},

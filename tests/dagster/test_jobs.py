@@ -194,3 +194,25 @@ def test_asset_checks_pass_after_a_successful_delta(dagster_env: Settings, engin
     assert evaluations["dead_letter_queue_size"].passed
     assert evaluations["failed_subscriptions"].passed
     assert not evaluations["no_payment_stuck_in_processing"].passed
+
+
+def test_failed_sweep_gives_back_lock_and_lease_and_the_next_run_gets_in(
+    dagster_env: Settings, engine: sa.Engine, seeded: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep whose breaker trips (wrong key) releases its lock and lease; the next run is not skipped."""
+    from batch_assets.crypto import generate_key_text
+    from batch_assets.settings import load_settings
+
+    monkeypatch.setenv("BATCH_ASSETS_ENCRYPTION_KEY", generate_key_text())
+    failed = launch_job("customer_status_sweep_job", SweepConfig(mode="full", run_date="2025-06-01", ranges=2),
+                        settings=load_settings())
+    assert failed.dagster_status == "FAILURE" and failed.summary["status"] == "FAILURE"
+    assert _computed(engine) == 0
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM ba_leases").scalar_one() == 0
+        assert conn.exec_driver_sql("SELECT count(*) FROM ba_job_locks WHERE lock_until > now()").scalar_one() == 0
+    monkeypatch.setenv("BATCH_ASSETS_ENCRYPTION_KEY", dagster_env.encryption_key)
+    again = launch_job("customer_status_sweep_job", SweepConfig(mode="full", run_date="2025-06-01", ranges=2),
+                       settings=load_settings())
+    assert again.summary["status"] == "SUCCESS"
+    assert again.summary["changed"] + again.summary["failed"] == seeded

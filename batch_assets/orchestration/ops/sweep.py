@@ -162,6 +162,7 @@ def sweep_range(
         ) from None
     summary = result.to_summary()
     summary["range"] = cursor_range.key
+    summary["owner"] = task["owner"]
     summary["started_at"] = task["started_at"]
     metadata = summary_metadata(summary)
     if result.status != SUCCESS:
@@ -185,6 +186,7 @@ def record_range_failure(
     failed["run_id"] = context.run_id
     failed["error"] = f"range {task['index'] + 1}/{task['count']} ({summary.get('range')}): " \
                       f"{summary.get('stopped_reason') or summary.get('status')}"
+    failed.pop("owner", None)
     failed["duration_s"] = round((utcnow() - datetime.fromisoformat(task["started_at"])).total_seconds(), 3)
     run_history.record(
         engine,
@@ -272,7 +274,7 @@ def summarise_sweep(
         summary = finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
     finally:
         release_run_lock(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
-                         owner=run_owner(context.run.root_run_id or context.run_id))
+                         owner=first.get("owner") or run_owner(_root_run_id(context)))
     counts, categories = category_table(engine)
     tags = {"mode": str(mode), "run_date": str(run_date)}
     common = {"run_date": str(run_date), "mode": str(mode), "duration_s": summary["duration_s"]}
