@@ -18,6 +18,7 @@ customers = sa.Table(
     sa.Column("age_category", sa.Text, nullable=True),
     sa.Column("next_review_date", sa.Date, nullable=True),
     sa.Column("updated_at", TZ, nullable=True),
+    sa.Column("review_failure", sa.Text, nullable=True),
     sa.Index("customers_due_idx", sa.text("(coalesce(next_review_date, '-infinity'::date))"), "id"),
 )
 

@@ -76,12 +76,23 @@ class RowOutcome:
     `change` when the definition must keep it due (e.g. clear a future date).
     """
 
-    __slots__ = ("change", "failure", "decrypted")
+    __slots__ = ("change", "failure", "decrypted", "known", "record_only")
 
-    def __init__(self, change: Any = None, failure: str | None = None, decrypted: int = 0) -> None:
+    def __init__(
+        self,
+        change: Any = None,
+        failure: str | None = None,
+        decrypted: int = 0,
+        known: bool = False,
+        record_only: bool = False,
+    ) -> None:
         self.change = change
         self.failure = failure
         self.decrypted = decrypted
+        self.known = known
+        """The row failed the same way on its previous evaluation: counted, but not as systemic."""
+        self.record_only = record_only
+        """The change of a failed row only records the failure (nothing the row needs to stay due)."""
 
 
 UNCHANGED = RowOutcome()

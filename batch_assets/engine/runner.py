@@ -325,7 +325,9 @@ class _Run:
                 continue
             page.decrypted += outcome.decrypted
             if outcome.failure is not None:
-                page.fail(outcome.failure)
+                # A known bad row (same failure last time) is data, whatever its kind; only new
+                # systemic failures feed the breaker.
+                page.fail(outcome.failure, systemic=False if outcome.known else None)
                 if debug:
                     log.debug("sweep %s: row %s failed: %s", definition.name, definition.describe(row),
                               outcome.failure)
@@ -333,6 +335,10 @@ class _Run:
                 page.unchanged += 1
             if outcome.change is not None:
                 changed.append(outcome)
+        if changed and page.systemic > self.settings.breaker_ratio * page.scanned:
+            # This page may trip the breaker (a wrong key, a broken dependency): record no failure
+            # markers for it, so a systemic failure never turns rows into "known bad" ones.
+            changed = [outcome for outcome in changed if outcome.failure is None or not outcome.record_only]
         if changed:
             self._write(changed, page)
         return page, time.monotonic() - started

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import uuid
 from datetime import date
 from typing import Any
 
@@ -234,3 +235,28 @@ def test_summary_has_the_contract_keys(engine: sa.Engine, cipher: DobCipher) -> 
                 "mode", "run_date", "pages", "decrypted", "triggers", "audit_events", "resumed_from"):
         assert key in summary
     assert summary["status"] == "SUCCESS" and summary["run_date"] == "2025-06-01" and summary["changed"] == 10
+
+
+def test_known_bad_rows_do_not_trip_the_breaker_on_later_runs(engine: sa.Engine, cipher: DobCipher) -> None:
+    """Rows that failed decrypt in a healthy run are known bad: the delta over just them succeeds, writing nothing."""
+    good = list(random_customers(cipher, 600))
+    bad = [(uuid.uuid4(), "ACTIVE", cipher.encrypt_text(uuid.uuid4(), "1990-01-01"), None, None) for _ in range(30)]
+    copy_customers(engine, good + bad)
+    settings = {"workers": 1, "window": 1, "page_size": 1000, "breaker_min_rows": 10}
+    first = _sweep(engine, cipher, "full", settings=settings)
+    assert first.status == "SUCCESS" and first.failed_by_type["decrypt_failure"] == 30
+    with engine.connect() as conn:
+        marked = conn.exec_driver_sql(
+            "SELECT count(*) FROM customers WHERE review_failure = 'decrypt_failure' AND next_review_date IS NULL"
+        ).scalar_one()
+    assert marked == 30
+    before = _snapshot(engine)
+    delta = _sweep(engine, cipher, "delta", settings=settings)
+    assert delta.status == "SUCCESS", delta.stopped_reason
+    assert (delta.scanned, delta.failed, delta.changed) == (30, 30, 0)
+    assert _snapshot(engine) == before
+    wrong = DobCipher(os.urandom(32))
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE customers SET next_review_date = NULL")
+    tripped = _sweep(engine, wrong, "delta", settings=settings)
+    assert tripped.status == "FAILURE" and "circuit breaker" in tripped.stopped_reason

@@ -9,7 +9,12 @@ CREATE TABLE IF NOT EXISTS customers (
     encrypted_dob    bytea NULL,
     age_category     text NULL,
     next_review_date date NULL,
-    updated_at       timestamptz NULL DEFAULT now()
+    updated_at       timestamptz NULL DEFAULT now(),
+    -- Product column (nullable): the failure kind of the last evaluation that failed
+    -- (missing_data, invalid_value, decrypt_failure), cleared by the next successful
+    -- one. A row that fails the same way again is a known bad row, not a sign of a
+    -- broken dependency, so it does not feed the sweep's circuit breaker.
+    review_failure   text NULL
 );
 
 -- The delta sweep reads ACTIVE rows whose next_review_date is NULL or <= the

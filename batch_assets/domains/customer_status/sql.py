@@ -1,12 +1,12 @@
 """The customer-status sweep's statements, by name. Bound parameters only (psycopg `%(name)s`).
 
 The narrow projection every read returns is the row type of the sweep:
-(id uuid, encrypted_dob bytea, age_category text, next_review_date date).
+(id uuid, encrypted_dob bytea, age_category text, next_review_date date, review_failure text).
 """
 
 from __future__ import annotations
 
-_COLUMNS = "id, encrypted_dob, age_category, next_review_date"
+_COLUMNS = "id, encrypted_dob, age_category, next_review_date, review_failure"
 
 # FULL_FIRST_PAGE — full / config-change, first page of a UUID range.
 # Parameters: lo uuid, hi uuid (inclusive bounds), limit int.
@@ -64,33 +64,37 @@ ON CONFLICT (customer_id, to_category, effective_date) DO NOTHING
 # changed, built in SQL from the rows actually updated. A row is updated only if it still holds
 # what was read (optimistic check), so a row edited meanwhile is left due for the next run.
 # The payload holds ids and categories only: never a date of birth, never next_review_date.
-# Parameters: ids uuid[], old_categories text[], old_dates date[], new_categories text[], new_dates date[].
-# Returns one row: (rows updated with a computed date, outbox events inserted).
+# A failed row is written only to record its failure kind in review_failure (category kept,
+# date kept due); a successful one clears review_failure.
+# Parameters: ids uuid[], old_categories text[], old_dates date[], new_categories text[], new_dates date[],
+#             failures text[] (NULL for a successful evaluation).
+# Returns one row: (successful rows updated, outbox events inserted).
 WRITE_PAGE = """
 WITH v AS (
     SELECT * FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(old_categories)s AS text[]),
                          CAST(%(old_dates)s AS date[]), CAST(%(new_categories)s AS text[]),
-                         CAST(%(new_dates)s AS date[]))
-        AS v(id, old_category, old_date, new_category, new_date)
+                         CAST(%(new_dates)s AS date[]), CAST(%(failures)s AS text[]))
+        AS v(id, old_category, old_date, new_category, new_date, failure)
 ), updated AS (
     UPDATE customers AS c
-       SET age_category = v.new_category, next_review_date = v.new_date, updated_at = now()
+       SET age_category = v.new_category, next_review_date = v.new_date, review_failure = v.failure,
+           updated_at = now()
       FROM v
      WHERE c.id = v.id
        AND c.status = 'ACTIVE'
        AND c.age_category IS NOT DISTINCT FROM v.old_category
        AND c.next_review_date IS NOT DISTINCT FROM v.old_date
-    RETURNING c.id, v.old_category, v.new_category, v.new_date
+    RETURNING c.id, v.old_category, v.new_category, v.failure
 ), events AS (
     INSERT INTO outbox_events (aggregate_id, event_type, payload)
     SELECT u.id, 'age_category_changed',
            jsonb_build_object('customer_id', u.id, 'from_category', u.old_category,
                               'to_category', u.new_category)
       FROM updated AS u
-     WHERE u.old_category IS DISTINCT FROM u.new_category
+     WHERE u.failure IS NULL AND u.old_category IS DISTINCT FROM u.new_category
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM updated WHERE new_date IS NOT NULL), (SELECT count(*) FROM events)
+SELECT (SELECT count(*) FROM updated WHERE failure IS NULL), (SELECT count(*) FROM events)
 """
 
 # CURRENT_RULES — the highest version of ba_rules. No parameters.

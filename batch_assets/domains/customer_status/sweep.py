@@ -1,6 +1,6 @@
 """The customer-status sweep (CONTRACT §5) as a SweepDefinition plug-in.
 
-Row = (id, encrypted_dob, age_category, next_review_date). Only encrypted_dob is
+Row = (id, encrypted_dob, age_category, next_review_date, review_failure). Only encrypted_dob is
 decrypted, at most once per row; decrypted values never leave this module's
 memory and are never logged. The rules and run date are fixed per instance
 (per run), and evaluations are memoised per date-of-birth text for the run.
@@ -87,26 +87,30 @@ class CustomerStatusSweep(SweepDefinition):
     # Computing -------------------------------------------------------------
 
     def pre_check(self, row: Any) -> bool:
+        if row[4] is not None:
+            return True  # failed last time: always evaluate again
         return needs_evaluation(row[2], row[3], self.run_date, self.previous_rules, self.rules)
 
     def compute(self, row: Any) -> RowOutcome:
-        customer_id, blob, category, next_review = row
+        customer_id, blob, category, next_review, stored_failure = row
         if blob is None:
-            return self._failed(MISSING_DATA, category, next_review, customer_id, 0)
+            return self._failed(MISSING_DATA, row, 0)
         try:
             text = self._decrypt(customer_id, blob)
         except DecryptError:
-            return self._failed(DECRYPT_FAILURE, category, next_review, customer_id, 1)
+            return self._failed(DECRYPT_FAILURE, row, 1)
         result = self._memo.get(text)
         if result is None:
             result = self._evaluate(text)
         new_category, new_review, since = result
         if new_review is None:
-            return self._failed(INVALID_VALUE, category, next_review, customer_id, 1)
-        if new_category == category and new_review == next_review:
+            return self._failed(INVALID_VALUE, row, 1)
+        if new_category == category and new_review == next_review and stored_failure is None:
             return self._unchanged_decrypted
         trigger_since = since if category is not None and category != new_category else None
-        return RowOutcome((customer_id, category, next_review, new_category, new_review, trigger_since), None, 1)
+        return RowOutcome(
+            (customer_id, category, next_review, new_category, new_review, trigger_since, None), None, 1
+        )
 
     def _evaluate(self, text: str) -> tuple[str, date | None, date | None]:
         try:
@@ -123,15 +127,21 @@ class CustomerStatusSweep(SweepDefinition):
         self._memo[text] = result
         return result
 
-    def _failed(
-        self, kind: str, category: str | None, next_review: date | None, customer_id: uuid.UUID, decrypted: int
-    ) -> RowOutcome:
+    def _failed(self, kind: str, row: Any, decrypted: int) -> RowOutcome:
         # A row that cannot be evaluated keeps its category and must stay due: a future date left by an
-        # earlier run is cleared for data failures. Decrypt failures write nothing (often a wrong key:
-        # the breaker decides), the next full sweep sees those rows again.
+        # earlier run is cleared for data failures (a decrypt failure keeps it: with a wrong key the
+        # breaker stops the run before anything is written). The failure kind is recorded in
+        # review_failure, so the same failure next time is known and does not feed the breaker; a row
+        # already marked with this kind and still due costs no write.
+        customer_id, _blob, category, next_review, stored_failure = row
+        known = stored_failure == kind
+        new_review = next_review
         if kind in DATA_FAILURES and next_review is not None and next_review > self.run_date:
-            return RowOutcome((customer_id, category, next_review, category, None, None), kind, decrypted)
-        return RowOutcome(None, kind, decrypted)
+            new_review = None
+        if known and new_review == next_review:
+            return RowOutcome(None, kind, decrypted, known)
+        return RowOutcome((customer_id, category, next_review, category, new_review, None, kind), kind, decrypted,
+                          known, record_only=new_review == next_review)
 
     # Writing ---------------------------------------------------------------
 
@@ -163,6 +173,7 @@ class CustomerStatusSweep(SweepDefinition):
                 "old_dates": [c[2] for c in changes],
                 "new_categories": [c[3] for c in changes],
                 "new_dates": [c[4] for c in changes],
+                "failures": [c[6] for c in changes],
             },
         ).one()
         return WriteCounts(int(rows), int(events))
