@@ -357,3 +357,25 @@ def test_unreachable_database_raises_database_unavailable() -> None:
     finally:
         down.dispose()
     assert "s3cret" not in str(info.value)
+
+
+def test_healthy_batch_is_one_statement_and_a_bad_row_only_costs_its_batch(engine: sa.Engine) -> None:
+    """A batch without bad rows is expired by one statement; a batch with one falls back to one row per transaction."""
+    _insert(engine, [(i, date(2024, 5, 1 + i % 28), "ACTIVE") for i in range(1, 41)])  # all before RUN_DATE
+    _install_failure(engine, 33)
+    statements: list[str] = []
+
+    def capture(_conn, _cursor, statement, *_rest) -> None:
+        statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        result = run_expiry(engine, run_date=RUN_DATE, settings=_settings(batch_size=10))
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    batch_writes = [s for s in statements if "WITH expired AS" in s]
+    single_writes = [s for s in statements if s.lstrip().startswith("UPDATE subscriptions") and "= ANY" not in s]
+    assert len(batch_writes) == 4  # one per batch of 10
+    assert len(single_writes) == 10 + 1  # the bad row's batch, row by row, plus its MARK_FAILED
+    assert (result.scanned, result.expired, result.failed) == (40, 39, 1)
+    assert _subs(engine)[33].status == "FAILED"

@@ -91,6 +91,29 @@ RETURNING id
 """
 )
 
+# EXPIRE_BATCH — a whole batch in one statement: mark EXPIRED every subscription still in the
+# expected state and past its expiry, and delete exactly those subscriptions' enrollments. Run
+# in one short transaction, so each subscription is still all-or-nothing; if the statement fails
+# (one bad row), the batch is redone one subscription per transaction.
+#   :ids          bigint[] subscription ids of the batch
+#   :from_status  text     ACTIVE (nightly) or FAILED (retry)
+#   :run_date     date     the run date
+# Returns one row: (subscriptions expired, enrollments deleted).
+EXPIRE_BATCH = sa.text(
+    """
+WITH expired AS (
+    UPDATE subscriptions
+       SET status = 'EXPIRED', last_error = NULL
+     WHERE id = ANY(CAST(:ids AS bigint[])) AND status = :from_status AND expiry_date < :run_date
+    RETURNING id
+), deleted AS (
+    DELETE FROM enrollments WHERE subscription_id IN (SELECT id FROM expired)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM deleted)
+"""
+)
+
 # DELETE_ENROLLMENTS — the enrollments of one subscription (enrollments_subscription_idx).
 #   :id  bigint  subscription id
 DELETE_ENROLLMENTS = sa.text("DELETE FROM enrollments WHERE subscription_id = :id")
@@ -117,6 +140,7 @@ class ExpirySettings:
     lock_ttl_s: float = 3600  # lock-at-most-for; extended after each batch
     lock_min_s: float = 60  # lock-at-least-for
     row_timeout_s: float = 5  # statement_timeout of each per-row transaction; lock_timeout is half of it
+    batch_timeout_s: float = 30  # statement_timeout of the one-statement batch transaction
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -209,6 +233,10 @@ def run_expiry(
         "statement_ms": str(max(1, round(settings.row_timeout_s * 1000))),
         "lock_ms": str(max(1, round(settings.row_timeout_s * 500))),
     }
+    batch_timeouts = {
+        "statement_ms": str(max(1, round(settings.batch_timeout_s * 1000))),
+        "lock_ms": timeouts["lock_ms"],
+    }
     after_date: date | None = None
     after_id = _MIN_BIGINT
     reason = "done"
@@ -228,12 +256,16 @@ def run_expiry(
                 break
             result.batches += 1
             result.max_batch_rows = max(result.max_batch_rows, len(batch))
-            for row in batch:
-                if stop is not None and stop.is_set():
-                    break
-                result.scanned += 1
-                _expire_one(conn, row.id, from_status, run_date, timeouts, result)
-                after_date, after_id = row.expiry_date, row.id
+            if _expire_batch(conn, [row.id for row in batch], from_status, run_date, batch_timeouts, result):
+                result.scanned += len(batch)
+                after_date, after_id = batch[-1].expiry_date, batch[-1].id
+            else:
+                for row in batch:
+                    if stop is not None and stop.is_set():
+                        break
+                    result.scanned += 1
+                    _expire_one(conn, row.id, from_status, run_date, timeouts, result)
+                    after_date, after_id = row.expiry_date, row.id
             result.duration_s = time.monotonic() - started
             if progress is not None:
                 progress(result)
@@ -297,6 +329,33 @@ def run_expiry_job(
         )
     finally:
         lock.release(JOB_LOCK_NAME, owner)
+
+
+def _expire_batch(
+    conn: sa.Connection,
+    ids: list[int],
+    from_status: str,
+    run_date: date,
+    timeouts: dict[str, str],
+    result: ExpiryResult,
+) -> bool:
+    """Expire the whole batch in one short transaction; False (rolled back, nothing counted) on a row error."""
+    try:
+        with conn.begin():
+            conn.execute(SET_TIMEOUTS, timeouts)
+            expired, deleted = conn.execute(
+                EXPIRE_BATCH, {"ids": ids, "from_status": from_status, "run_date": run_date}
+            ).one()
+    except sa.exc.DBAPIError as exc:
+        if exc.connection_invalidated or not isinstance(exc, sa.exc.DatabaseError) or _connection_level(exc):
+            raise
+        log.info("subscription expiry: batch of %d failed (%s); redoing it one subscription at a time",
+                 len(ids), _describe(exc)[0])
+        return False
+    result.expired += int(expired)
+    result.unchanged += len(ids) - int(expired)
+    result.enrollments_deleted += int(deleted)
+    return True
 
 
 def _expire_one(
