@@ -272,6 +272,7 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
         window=args.window,
         page_size=args.page_size,
         ranges=args.ranges,
+        lock_fail_open=args.lock_fail_open or None,
     )
     # Checked before launching: a missing or malformed key is exit 2, nothing read.
     cipher_for_settings(settings)
@@ -456,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--page-size", type=positive("page-size"), default=None)
     cs.add_argument("--ranges", type=positive("ranges"), default=None,
                     help="cursor ranges for full/config-change (one mapped op each)")
+    cs.add_argument("--lock-fail-open", action="store_true",
+                    help="run even when the lock store is unreachable (the lease still fences writes)")
     cs.set_defaults(func=cmd_sweep)
 
     subs = sub.add_parser("subscriptions", help="subscription jobs").add_subparsers(dest="subs_command", required=True)
@@ -535,7 +538,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         err("interrupted")
+        if func in JOB_COMMANDS:
+            emit(empty_summary("FAILURE", error="interrupted"))
         return EXIT_FAILED
+    except Exception as exc:  # a defect: one line (no secrets: no locals, no values), JSON for job commands
+        err(f"error: unexpected {type(exc).__name__}: {_first_line(str(exc))}")
+        if func in JOB_COMMANDS:
+            emit(empty_summary("FAILURE", error=f"unexpected {type(exc).__name__}"))
+        return EXIT_FAILED
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
 def run() -> None:

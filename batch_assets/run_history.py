@@ -52,6 +52,16 @@ def record(
         )
 
 
+ALL_SUMMARIES = sa.text("SELECT summary FROM ba_run_history WHERE run_id = :run_id ORDER BY id")
+# :run_id — the Dagster run id
+
+
+def all_for_run(engine: sa.Engine, run_id: str) -> list[dict[str, Any]]:
+    """Every summary a run recorded, oldest first (a failed mapped sweep records one per failed range)."""
+    with engine.connect() as conn:
+        return [dict(s) for s in conn.execute(ALL_SUMMARIES, {"run_id": run_id}).scalars()]
+
+
 def latest(engine: sa.Engine, run_id: str) -> dict[str, Any] | None:
     with engine.connect() as conn:
         return conn.execute(LATEST_SUMMARY, {"run_id": run_id}).scalar()

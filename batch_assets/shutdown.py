@@ -21,7 +21,8 @@ def _handle(signum: int, _frame: FrameType | None) -> None:
 
 
 def install_signal_handlers() -> None:
-    """Route SIGTERM and SIGINT to `STOP` (main thread only)."""
+    """Route SIGTERM and SIGINT to `STOP` (main thread only), starting from a clear `STOP`."""
     if threading.current_thread() is threading.main_thread():
+        STOP.clear()
         signal.signal(signal.SIGTERM, _handle)
         signal.signal(signal.SIGINT, _handle)

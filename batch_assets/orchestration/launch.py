@@ -14,8 +14,10 @@ Dagster's console logger is set to WARNING and writes to stderr.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +74,52 @@ def ensure_instance(settings: Settings) -> Path:
     if not target.exists() or target.read_bytes() == (repo_root() / other).read_bytes():
         shutil.copyfile(template, target)
     os.environ["DAGSTER_HOME"] = str(home)
+    _initialise_storage_once(home)
     return home
+
+
+def _initialise_storage_once(home: Path) -> None:
+    """Create the instance's storage under a file lock: two first runs at once on a fresh home
+    would otherwise race to create the same SQLite tables and one would crash."""
+    marker = home / ".batch_assets_initialised"
+    if marker.exists():
+        return
+    with open(home / ".init.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            if not marker.exists():
+                with dg.DagsterInstance.get():
+                    pass
+                marker.touch()
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _off_main_thread(fn: Any) -> Any:
+    """Run `fn` in a worker thread and wait for it on the main thread.
+
+    Dagster replaces the interrupt handlers when it executes on the main thread and turns a
+    signal into DagsterExecutionInterruptedError wherever the op happens to be, which skips the
+    engine's drain. Off the main thread it leaves them alone, so SIGTERM/SIGINT reach the CLI's
+    handler (batch_assets.shutdown), which sets STOP: new pages stop, in-flight pages drain, the
+    checkpoint is recorded and the op reports real counters. The thread is a daemon so a second
+    Ctrl-C can still force the process out.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # re-raised on the caller's thread below
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="batch-assets-run", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)  # short waits: the main thread must run signal handlers promptly
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def get_job(job_name: str) -> dg.JobDefinition:
@@ -161,11 +208,13 @@ def launch_job(
     all_tags = {"batch_assets/launched_by": "cli", **(tags or {})}
     with dg.DagsterInstance.get() as instance:
         try:
-            result = dg.execute_job(
-                dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(name,)),
-                instance=instance,
-                run_config=run_config,
-                tags=all_tags,
+            result = _off_main_thread(
+                lambda: dg.execute_job(
+                    dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(name,)),
+                    instance=instance,
+                    run_config=run_config,
+                    tags=all_tags,
+                )
             )
         except dg.DagsterInvalidConfigError as exc:
             raise ConfigError(_first_line(str(exc)), field="run_config") from None
@@ -211,12 +260,14 @@ def reexecute_from_failure(
             run_config["execution"] = {"config": {"in_process": {}}}
         elif executor == "multiprocess":
             run_config["execution"] = {"config": {"multiprocess": {"max_concurrent": max_concurrent or 0}}}
-        result = dg.execute_job(
-            dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(parent.job_name,)),
-            instance=instance,
-            run_config=run_config,
-            tags={"batch_assets/launched_by": "cli"},
-            reexecution_options=dg.ReexecutionOptions.from_failure(run_id, instance),
+        result = _off_main_thread(
+            lambda: dg.execute_job(
+                dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(parent.job_name,)),
+                instance=instance,
+                run_config=run_config,
+                tags={"batch_assets/launched_by": "cli"},
+                reexecution_options=dg.ReexecutionOptions.from_failure(run_id, instance),
+            )
         )
         launched = _result_of(instance, result, settings)
     if launched.dagster_status != "SUCCESS" and parent.job_name in SWEEP_JOBS:
@@ -237,14 +288,41 @@ def _result_of(instance: dg.DagsterInstance, result: Any, settings: Settings) ->
 
 
 def read_summary(run_id: str, settings: Settings) -> dict[str, Any] | None:
-    """The summary the run's final op recorded in run history, or None."""
+    """The run's summary from run history, or None.
+
+    The final op's record when there is one; a mapped sweep that failed has no final op, only
+    one record per failed range, and the ranges that succeeded recorded nothing: their counters
+    are merged from the step outputs by the caller when available, else the failed ranges'
+    records are merged here (FAILURE wins, counters add up).
+    """
     url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
     engine = create_engine(url, pool_size=1, max_overflow=0)
     try:
-        summary = run_history.latest(engine, run_id)
+        records = run_history.all_for_run(engine, run_id)
     finally:
         engine.dispose()
-    return dict(summary) if summary is not None else None
+    if not records:
+        return None
+    final = [r for r in records if "range" not in r]
+    if final or len(records) == 1:
+        return dict((final or records)[-1])
+    return merge_range_records(records)
+
+
+def merge_range_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    from batch_assets.orchestration.ops.sweep import merge_summaries
+
+    merged = merge_summaries(records)
+    first = records[0]
+    merged.update(
+        run_id=first.get("run_id"),
+        mode=first.get("mode"),
+        run_date=first.get("run_date"),
+        duration_s=max(float(r.get("duration_s") or 0) for r in records),
+        error="; ".join(str(r["error"]) for r in records if r.get("error")) or None,
+        resumable=merged["status"] != "SUCCESS",
+    )
+    return merged
 
 
 def _first_line(text: str) -> str:

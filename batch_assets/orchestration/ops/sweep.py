@@ -165,36 +165,40 @@ def sweep_range(
     summary["owner"] = task["owner"]
     summary["started_at"] = task["started_at"]
     metadata = summary_metadata(summary)
+    # Every range records its own numbers, so a run whose summary op never runs (a range failed)
+    # still reports what every range did.
+    record_range(context, engine, summary, task)
     if result.status != SUCCESS:
         # Fail the step (not just the run) so a re-execution from failure resumes this range.
         reason = summary.get("stopped_reason") or result.status
-        record_range_failure(context, engine, summary, task)
         raise dg.Failure(description=f"{label} ended {result.status}: {reason}", metadata=metadata,
                          allow_retries=False)
     context.add_output_metadata(metadata)
     return summary
 
 
-def record_range_failure(
-    context: dg.OpExecutionContext, engine: sa.Engine, summary: dict[str, Any], task: dict
-) -> None:
-    """A failed range records a FAILURE summary for the run (the summary op will not run)."""
+def record_range(context: dg.OpExecutionContext, engine: sa.Engine, summary: dict[str, Any], task: dict) -> None:
+    """Record one range's summary in run history (a FAILURE one carries the error and is resumable)."""
     from batch_assets import run_history
 
-    failed = dict(summary)
-    failed["status"] = FAILURE
-    failed["run_id"] = context.run_id
-    failed["error"] = f"range {task['index'] + 1}/{task['count']} ({summary.get('range')}): " \
-                      f"{summary.get('stopped_reason') or summary.get('status')}"
-    failed.pop("owner", None)
-    failed["duration_s"] = round((utcnow() - datetime.fromisoformat(task["started_at"])).total_seconds(), 3)
+    record = dict(summary)
+    record["run_id"] = context.run_id
+    record.pop("owner", None)
+    status = record["status"] = SUCCESS if summary.get("status") == SUCCESS else FAILURE
+    if status == FAILURE:
+        record["error"] = f"range {task['index'] + 1}/{task['count']} ({summary.get('range')}): " \
+                          f"{summary.get('stopped_reason') or summary.get('status')}"
+        # The range's checkpoint is its low watermark: the next run (or a re-execution from
+        # failure) resumes it.
+        record["resumable"] = True
+    record["duration_s"] = round((utcnow() - datetime.fromisoformat(task["started_at"])).total_seconds(), 3)
     run_history.record(
         engine,
         run_id=context.run_id,
         job=context.job_name,
-        status=FAILURE,
+        status=status,
         started_at=datetime.fromisoformat(task["started_at"]),
-        summary=failed,
+        summary=record,
         mode=task["mode"],
         run_date=date.fromisoformat(task["run_date"]),
     )

@@ -1,0 +1,107 @@
+"""Acceptance: no secret (key, database password, decrypted date of birth) in the CLI's output or Dagster's logs."""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from _cli import (
+    classify,
+    rows,
+    run_cli,
+    summary_run_date,
+    today_utc,
+)
+from sqlalchemy.engine import make_url
+
+pytestmark = pytest.mark.integration
+
+
+def url_with_password(db_url: str, password: str) -> str | None:
+    """The test database URL with a password, if the server accepts the connection with it."""
+    url = make_url(db_url).set(password=password).render_as_string(hide_password=False)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.OperationalError:
+        return None
+    finally:
+        engine.dispose()
+    return url
+
+
+def dagster_event_text(home: Path) -> tuple[int, str]:
+    """Every event of every run on the CLI's Dagster instance (and its run configs), as text."""
+    import dagster as dg
+    from dagster._serdes import serialize_value
+
+    texts = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with dg.DagsterInstance.from_config(str(home / "dagster_home")) as instance:
+            runs = instance.get_runs()
+            for run in runs:
+                texts.append(repr(run.run_config))
+                texts.append(repr(run.tags))
+                for record in instance.all_logs(run.run_id):
+                    texts.append(serialize_value(record))
+                    texts.append(record.message or "")
+    return len(runs), "\n".join(texts)
+
+
+def test_no_secret_in_stdout_stderr_or_the_dagster_event_log(cli_env, db_url, engine, cipher, key_text):
+    """Key text, database password and decrypted DOBs never appear in output, the event log or the instance files."""
+    password = "pw-" + uuid.uuid4().hex
+    env = dict(cli_env)
+    with_password = url_with_password(db_url, password)
+    if with_password is not None:
+        env["BATCH_ASSETS_DATABASE_URL"] = with_password
+    else:
+        password = None
+
+    results = [run_cli(env, "seed", "customers", "--rows", "400", "--bad-fraction", "0.1", "--seed", "51")]
+    assert results[0].returncode == 0, results[0].describe()
+    run_date = summary_run_date(results[0].summary)
+    for mode in ("full", "delta"):
+        results.append(run_cli(env, "sweep", "customer-status", "--mode", mode, "--run-date", run_date.isoformat()))
+    results.append(run_cli(env, "outbox", "relay"))
+    # Failure paths print the most: a wrong key (breaker), a missing key, an unreachable lock store.
+    from batch_assets.crypto import generate_key_text
+
+    results.append(run_cli(dict(env, BATCH_ASSETS_ENCRYPTION_KEY=generate_key_text()),
+                           "sweep", "customer-status", "--mode", "full"))
+    results.append(run_cli(dict(env, BATCH_ASSETS_REDIS_URL="redis://127.0.0.1:1/0"),
+                           "sweep", "customer-status", "--mode", "full"))
+    bad_key_env = dict(env, BATCH_ASSETS_ENCRYPTION_KEY=key_text[:-4] + "!!!!")
+    results.append(run_cli(bad_key_env, "sweep", "customer-status", "--mode", "full"))
+    assert [r.returncode for r in results[:4]] == [0, 0, 0, 0], "\n".join(r.describe() for r in results)
+    assert all(r.returncode != 0 for r in results[4:]), "\n".join(r.describe() for r in results[4:])
+
+    truth = classify(engine, cipher, run_date)
+    assert len(truth.good) > 300
+    # Dates that may appear legitimately (the run date, today's timestamps) are not evidence of a leak.
+    harmless = {(d + timedelta(days=k)).isoformat() for d in (run_date, today_utc()) for k in (-1, 0, 1)}
+    dobs = {dob.isoformat() for dob in truth.good.values()} - harmless
+    stored = [r.age_category for r in rows(engine, "SELECT age_category FROM customers")]
+    assert any(stored), "the sweep ran"
+
+    secrets = {"the encryption key": [key_text, key_text.rstrip("=")]}
+    if password:
+        secrets["the database password"] = [password]
+    output = "\n".join(r.stdout + "\n" + r.stderr for r in results)
+    run_count, events = dagster_event_text(Path(env["BATCH_ASSETS_HOME"]))
+    assert run_count >= 4, "the job commands ran as Dagster runs on the CLI's instance"
+    instance_files = "\n".join(
+        p.read_bytes().decode("latin-1") for p in Path(env["BATCH_ASSETS_HOME"]).rglob("*") if p.is_file()
+    )
+    for where, text in (("stdout/stderr", output), ("the Dagster event log", events),
+                        ("the files under BATCH_ASSETS_HOME", instance_files)):
+        for name, values in secrets.items():
+            assert not any(v in text for v in values), f"{name} appears in {where}"
+        leaked = sorted(d for d in dobs if d in text)
+        assert not leaked, f"{len(leaked)} decrypted dates of birth appear in {where}, e.g. {leaked[:3]}"
