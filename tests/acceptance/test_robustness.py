@@ -268,3 +268,15 @@ def test_lock_store_down_fails_closed_without_writing(cli_env, engine):
     assert result.summary["scanned"] == 0 and result.summary["changed"] == 0, result.summary
     assert customers_snapshot(engine) == before and table_counts(engine) == counts
     assert scalar(engine, "SELECT count(*) FROM ba_checkpoints") == 0
+
+
+def test_lock_store_down_fail_open_runs_on_the_lease(cli_env, engine):
+    """Redis lock store unreachable with --lock-fail-open: the run warns, proceeds fenced by the lease, and succeeds."""
+    seed_customers(cli_env, 2000, "--seed", "48")
+    env = dict(cli_env, BATCH_ASSETS_REDIS_URL="redis://127.0.0.1:1/0")
+    result = run_cli(env, "sweep", "customer-status", "--mode", "full", "--lock-fail-open")
+    assert result.returncode == 0, result.describe()
+    assert result.summary["status"] == "SUCCESS" and result.summary["scanned"] == 2000, result.summary
+    assert "lock_fail_open" in result.stderr or "fail-open" in result.stderr.lower() or "unavailable" in result.stderr
+    assert scalar(engine, "SELECT count(*) FROM customers WHERE next_review_date IS NULL") <= 2000 * 0.05
+    assert scalar(engine, "SELECT count(*) FROM ba_leases") == 0
