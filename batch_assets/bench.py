@@ -81,7 +81,7 @@ class StatementCounter:
 
     Statements on the bookkeeping tables (checkpoint saves, heartbeats) are
     counted apart from the page's own reads and writes; the lease fence inside
-    the page transaction (`FOR SHARE`) counts as a page statement.
+    the page transaction (in the timeouts preamble) counts as a page statement.
     """
 
     def __init__(self, engine: sa.Engine) -> None:
@@ -90,8 +90,10 @@ class StatementCounter:
         sa.event.listen(engine, "before_cursor_execute", self._on)
 
     def _on(self, _conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-        if "FOR SHARE" not in statement and any(t in statement for t in BOOKKEEPING_TABLES):
-            self.bookkeeping += 1
+        if "set_config('statement_timeout'" in statement:
+            self.page += 1  # a write transaction's preamble (timeouts, and the lease fence when guarded)
+        elif "enable_bitmapscan" in statement or any(t in statement for t in BOOKKEEPING_TABLES):
+            self.bookkeeping += 1  # per-run reader plan pin, checkpoints, heartbeats, lock, lease
         else:
             self.page += 1
 

@@ -57,6 +57,15 @@ SET_LOCAL_TIMEOUTS_SQL = (
     "set_config('lock_timeout', %(lock_timeout)s, true)"
 )
 
+# The reader's session: keyset pages must walk an index in order. Right after a bulk load (no
+# statistics yet) the planner otherwise picks a bitmap scan of the whole rest of the range plus a
+# sort on every page, which makes a full sweep quadratic (measured: 145 s instead of 2.3 s to read
+# 1M rows). Pinned for the reader connection only, and reset before it goes back to the pool.
+PIN_READ_PLAN_SQL = (
+    "SELECT set_config('enable_bitmapscan', 'off', false), set_config('enable_sort', 'off', false)"
+)
+UNPIN_READ_PLAN_SQL = "RESET enable_bitmapscan; RESET enable_sort"
+
 MIN_ADAPTIVE_PAGE = 50
 
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -109,6 +118,8 @@ class _Run:
         self.range_key = cursor_range.key
         self.progress = progress
         self.counters = Counters()
+        self._last_save = float("-inf")
+        self._saved = True
         self.limit = settings.page_size
         self.page_timeouts = {
             "statement_timeout": _ms(settings.page_timeout_s),
@@ -129,6 +140,7 @@ class _Run:
         reason: str | None = None
         advance = True  # False once the breaker tripped: later pages must not move the low watermark
         reader = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        reader.exec_driver_sql(PIN_READ_PLAN_SQL)
         prefetch = ThreadPoolExecutor(1, thread_name_prefix=f"{self.definition.name}-prefetch")
         pool = ThreadPoolExecutor(self.settings.workers, thread_name_prefix=f"{self.definition.name}-worker")
         log.info(
@@ -169,10 +181,17 @@ class _Run:
                 next_read.cancel()
             prefetch.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=reason is None, cancel_futures=True)
+            try:
+                reader.exec_driver_sql(UNPIN_READ_PLAN_SQL)
+            except sa.exc.DBAPIError:
+                reader.invalidate()  # never hand a pinned session back to the pool
             reader.close()
         status = SUCCESS if reason is None else FAILURE
         if status == SUCCESS and self.checkpoints is not None:
             self.checkpoints.complete(self.definition.name, self.ctx.mode, self.range_key)
+        elif not self._saved and last_cursor is not None:
+            # Checkpoints are throttled (checkpoint_every_s); a run that stops leaves the exact low watermark.
+            self._save_checkpoint(last_cursor)
         result = self._result(status, reason, resumed_from, last_cursor, time.monotonic() - started)
         log.log(
             logging.INFO if status == SUCCESS else logging.WARNING,
@@ -232,7 +251,11 @@ class _Run:
                 )
         if advance:
             last_cursor = end
-            self._save_checkpoint(end)
+            self._saved = False
+            now = time.monotonic()
+            if now - self._last_save >= self.settings.checkpoint_every_s:
+                self._save_checkpoint(end)
+                self._last_save, self._saved = now, True
         self._after_page(seconds)
         return reason, advance, last_cursor
 

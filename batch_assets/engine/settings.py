@@ -32,6 +32,7 @@ class SweepSettings:
     breaker_ratio: float = 0.2
     breaker_min_rows: int = 100
     summary_every_pages: int = 50
+    checkpoint_every_s: float = 1.0  # low watermark saved at most this often, and always at the end
     heartbeat_s: float = 10
     lease_ttl_s: float = 60
     lock_ttl_s: float = 120
@@ -72,6 +73,7 @@ class SweepSettings:
             "lease_ttl_s",
             "lock_ttl_s",
             "drain_timeout_s",
+            "checkpoint_every_s",
         ):
             _positive_number(name, getattr(self, name))
         if isinstance(self.lock_min_s, bool) or not isinstance(self.lock_min_s, int | float) or not (

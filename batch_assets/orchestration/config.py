@@ -121,6 +121,9 @@ class SweepConfig(dg.Config):
     )
     breaker_min_rows: int = Field(default=0, description="Rows before the breaker may trip. 0 = 100.")
     summary_every_pages: int = Field(default=0, description="Log a progress line every N pages. 0 = 50.")
+    checkpoint_every_s: float = Field(
+        default=0, description="Save the low-watermark checkpoint at most this often (s); always at the end. 0 = 1."
+    )
     heartbeat_s: float = Field(default=0, description="Lease/lock heartbeat interval (s). 0 = 10.")
     lease_ttl_s: float = Field(default=0, description="Run lease expiry (s). 0 = 60.")
     lock_ttl_s: float = Field(default=0, description="Job lock lock-at-most-for (s), renewed by heartbeats. 0 = 120.")
@@ -161,7 +164,7 @@ class SweepConfig(dg.Config):
 
     @field_validator(
         "page_timeout_s", "row_timeout_s", "lock_timeout_s", "breaker_ratio", "heartbeat_s", "lease_ttl_s",
-        "lock_ttl_s", "lock_min_s",
+        "lock_ttl_s", "lock_min_s", "checkpoint_every_s",
     )
     @classmethod
     def _numbers(cls, value: float, info: Any) -> float:
@@ -178,7 +181,7 @@ class SweepConfig(dg.Config):
         for name in ("workers", "window", "page_size", "breaker_min_rows", "summary_every_pages", "pool_size"):
             _non_negative_int(name, getattr(self, name))
         for name in ("page_timeout_s", "row_timeout_s", "lock_timeout_s", "breaker_ratio", "heartbeat_s",
-                     "lease_ttl_s", "lock_ttl_s", "lock_min_s"):
+                     "lease_ttl_s", "lock_ttl_s", "lock_min_s", "checkpoint_every_s"):
             _non_negative_number(name, getattr(self, name))
         workers = self.workers or SweepSettings.workers
         pool_size = self.pool_size or max(SweepSettings.pool_size, workers + 3)
@@ -192,6 +195,7 @@ class SweepConfig(dg.Config):
             breaker_ratio=self.breaker_ratio,
             breaker_min_rows=self.breaker_min_rows,
             summary_every_pages=self.summary_every_pages,
+            checkpoint_every_s=self.checkpoint_every_s,
             heartbeat_s=self.heartbeat_s,
             lease_ttl_s=self.lease_ttl_s,
             lock_ttl_s=self.lock_ttl_s,

@@ -216,3 +216,24 @@ def test_failed_sweep_gives_back_lock_and_lease_and_the_next_run_gets_in(
                        settings=load_settings())
     assert again.summary["status"] == "SUCCESS"
     assert again.summary["changed"] + again.summary["failed"] == seeded
+
+
+def test_multiprocess_executor_runs_each_range_in_its_own_process(
+    dagster_env: Settings, engine: sa.Engine, seeded: int
+) -> None:
+    """Under the multiprocess executor every mapped range runs in a separate process; the run still adds up."""
+    import os
+
+    result = launch_job(
+        "customer_status_sweep_job", SweepConfig(mode="full", run_date="2025-06-01", ranges=2, page_size=200),
+        settings=dagster_env, executor="multiprocess", max_concurrent=2,
+    )
+    assert result.dagster_status == "SUCCESS", result.summary
+    assert result.summary["scanned"] == seeded and result.summary["ranges"] == 2
+    with dg.DagsterInstance.get() as instance:
+        pids = {
+            entry.dagster_event.pid
+            for entry in instance.all_logs(result.run_id, of_type=dg.DagsterEventType.STEP_START)
+            if entry.step_key and entry.step_key.startswith("sweep_range")
+        }
+    assert len(pids) == 2 and os.getpid() not in pids

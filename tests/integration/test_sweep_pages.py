@@ -15,7 +15,7 @@ from batch_assets.domains.customer_status import sql
 from batch_assets.domains.customer_status.rules import DEFAULT_RULES, SENTINEL, evaluate
 from batch_assets.domains.customer_status.sweep import CustomerStatusSweep
 from batch_assets.engine.definition import RunContext, WriteCounts
-from batch_assets.engine.runner import run_sweep
+from batch_assets.engine.runner import PIN_READ_PLAN_SQL, run_sweep
 from batch_assets.engine.settings import SweepSettings
 
 pytestmark = pytest.mark.integration
@@ -208,3 +208,24 @@ def test_outbox_rows_match_updates_in_bulk(engine: sa.Engine, cipher: DobCipher)
     assert count(engine, "outbox_events") == 250
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM customers WHERE next_review_date IS NULL").scalar_one() == 0
+
+
+@pytest.mark.parametrize("analyzed", [False, True])
+def test_full_query_walks_an_id_index_without_sort_even_without_statistics(engine: sa.Engine, analyzed: bool) -> None:
+    """The full after-cursor query is an ordered index scan, right after a bulk load (no statistics) and after."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE customers SET (autovacuum_enabled = false)")
+        conn.exec_driver_sql(
+            "INSERT INTO customers (id, status, encrypted_dob, age_category, next_review_date) "
+            "SELECT gen_random_uuid(), CASE WHEN mod(g, 10) = 0 THEN 'CLOSED' ELSE 'ACTIVE' END, "
+            "'\\x00'::bytea, NULL, NULL FROM generate_series(1, 200000) AS g"
+        )
+        if analyzed:
+            conn.exec_driver_sql("ANALYZE customers")
+    params = {"after": uuid.UUID(int=2**127), "hi": uuid.UUID(int=2**128 - 1), "limit": 1000}
+    with engine.connect() as conn:
+        conn.exec_driver_sql(PIN_READ_PLAN_SQL)  # what the sweep's reader connection runs first
+        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql.FULL_AFTER_PAGE, params).scalar_one()
+    text = json.dumps(plan)
+    assert '"Sort"' not in text and "Bitmap" not in text, text
+    assert "customers_active_id_idx" in text or "customers_pkey" in text

@@ -160,7 +160,8 @@ def test_low_watermark_advances_in_key_order_with_many_workers(engine: sa.Engine
     """With several workers only the front page's cursor is saved: strictly increasing, ending at the last id."""
     copy_customers(engine, random_customers(cipher, 500))
     store = RecordingStore()
-    result = _sweep(engine, cipher, checkpoints=store, settings={"workers": 4, "window": 4, "page_size": 20})
+    result = _sweep(engine, cipher, checkpoints=store,
+                    settings={"workers": 4, "window": 4, "page_size": 20, "checkpoint_every_s": 1e-9})
     assert result.status == "SUCCESS" and result.pages == 25 and store.completed
     assert store.saved == sorted(store.saved) and len(store.saved) == 25
     assert store.saved[-1] == _sorted_ids(engine)[-1] == result.last_cursor
@@ -260,3 +261,40 @@ def test_known_bad_rows_do_not_trip_the_breaker_on_later_runs(engine: sa.Engine,
         conn.exec_driver_sql("UPDATE customers SET next_review_date = NULL")
     tripped = _sweep(engine, wrong, "delta", settings=settings)
     assert tripped.status == "FAILURE" and "circuit breaker" in tripped.stopped_reason
+
+
+def test_adaptive_page_size_shrinks_slow_pages_within_the_bound(engine: sa.Engine, cipher: DobCipher) -> None:
+    """With adaptive pages on, pages slower than a quarter of the page timeout halve, never above page_size."""
+    copy_customers(engine, random_customers(cipher, 1_500))
+    first = _sweep(engine, cipher, settings={"workers": 1, "window": 1, "page_size": 400})
+    assert first.status == "SUCCESS" and first.pages == 4
+    sizes: list[int] = []
+    with captured_statements(engine) as statements:
+        # Steady state: pages only read (no write transaction, so the tiny timeout never fires), and
+        # every page takes longer than page_timeout_s / 4, so the page size halves down to its floor.
+        steady = _sweep(engine, cipher, settings={"workers": 1, "window": 1, "page_size": 400,
+                                                  "page_timeout_s": 0.001, "row_timeout_s": 0.001,
+                                                  "adaptive_page_size": True})
+    sizes = [p["limit"] for s, p in statements if "FROM customers" in s and isinstance(p, dict) and "limit" in p]
+    assert steady.status == "SUCCESS" and steady.scanned == 1_500 and steady.changed == 0
+    assert sizes[0] == 400 and max(sizes) <= 400 and min(sizes) == 50
+    assert steady.pages > first.pages
+
+
+def test_checkpoints_are_throttled_but_a_stop_saves_the_exact_low_watermark(
+    engine: sa.Engine, cipher: DobCipher
+) -> None:
+    """Saves happen at most once per checkpoint_every_s; a stopped run still records its last drained page."""
+    copy_customers(engine, random_customers(cipher, 500))
+    store = RecordingStore()
+    stop = threading.Event()
+
+    def stop_after_ten(snapshot: dict[str, Any]) -> None:
+        if snapshot["pages"] == 10:
+            stop.set()
+
+    result = _sweep(engine, cipher, checkpoints=store, stop=stop, progress=stop_after_ten,
+                    settings={"workers": 1, "window": 1, "page_size": 20, "checkpoint_every_s": 3600})
+    assert result.status == "FAILURE" and result.stopped_reason == "stop requested" and not store.completed
+    assert len(store.saved) == 2  # the first drained page, then the exact low watermark at the stop
+    assert store.saved[-1] == result.last_cursor == _sorted_ids(engine)[result.pages * 20 - 1]
