@@ -127,3 +127,23 @@ def cli_env(db_url: str, key_text: str, tmp_path: Path) -> dict[str, str]:
         BATCH_ASSETS_HOME=str(tmp_path / "home"),
     )
     return env
+
+
+def redis_reachable(url: str = "redis://127.0.0.1:6379/0") -> bool:
+    """Whether a Redis answers at `url` (a user's fresh machine may have none)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.exceptions.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def require_redis() -> None:
+    """Skip (with the reason) when the local Redis is not there; CI always has one."""
+    if not redis_reachable():
+        pytest.skip("no Redis at 127.0.0.1:6379 (the Redis backends are optional)")

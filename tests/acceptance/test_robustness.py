@@ -159,9 +159,11 @@ def test_after_sigterm_the_next_run_resumes_from_the_checkpoint(cli_env, engine,
 
 
 @pytest.mark.parametrize("lock_store", ["postgres", "redis"])
-def test_two_concurrent_runs_one_is_skipped_without_reading_a_row(cli_env, engine, cipher, tmp_path, lock_store):
+def test_two_concurrent_runs_one_is_skipped_without_reading_a_row(cli_env, engine, cipher, tmp_path, lock_store,
+                                                                   request):
     """Two runs at once (PostgreSQL or Redis lock): exactly one exits 75, SKIPPED, scanned 0; the other completes."""
     if lock_store == "redis":
+        request.getfixturevalue("require_redis")
         # A Redis database of its own, so no other user of the local Redis shares the lock keys.
         cli_env = dict(cli_env, BATCH_ASSETS_REDIS_URL="redis://127.0.0.1:6379/13")
     # Warm the CLI's Dagster instance first (a run on the empty table), so this test is about the job lock

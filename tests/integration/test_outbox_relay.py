@@ -91,6 +91,7 @@ def test_a_claimed_batch_is_skipped_by_a_second_relay(engine: sa.Engine, tmp_pat
     assert _statuses(engine) == {"SENT": 4, "PENDING": 2}
 
 
+@pytest.mark.usefixtures("require_redis")
 def test_redis_stream_sink_adds_one_entry_per_event(engine: sa.Engine) -> None:
     """The Redis sink XADDs each event (with its id) to the stream."""
     stream = f"batch_assets.test.{uuid.uuid4().hex}"
