@@ -55,21 +55,10 @@ def emit(summary: dict[str, Any]) -> None:
     print(json.dumps(summary, default=str, sort_keys=False), flush=True)
 
 
-def empty_summary(status: str, error: str | None = None, **extra: Any) -> dict[str, Any]:
-    summary: dict[str, Any] = {
-        "status": status,
-        "run_id": None,
-        "scanned": 0,
-        "changed": 0,
-        "unchanged": 0,
-        "failed": 0,
-        "failed_by_type": {},
-        "duration_s": 0.0,
-    }
-    summary.update(extra)
-    if error is not None:
-        summary["error"] = error
-    return summary
+def empty_summary(status: str, error: str | None = None) -> dict[str, Any]:
+    from batch_assets.run_history import empty_summary as zero_summary
+
+    return zero_summary(status, None, **({"error": error} if error is not None else {}))
 
 
 def parse_run_date(text: str | None) -> date | None:

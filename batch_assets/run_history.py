@@ -20,6 +20,21 @@ LATEST_SUMMARY = sa.text(
 )
 
 
+def empty_summary(status: str, run_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A summary with the CONTRACT §2 keys and zero counters (a skipped run, or a failure before any work)."""
+    return {
+        "status": status,
+        "run_id": run_id,
+        "scanned": 0,
+        "changed": 0,
+        "unchanged": 0,
+        "failed": 0,
+        "failed_by_type": {},
+        "duration_s": 0.0,
+        **extra,
+    }
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, (date, datetime)):
         return value.isoformat()

@@ -349,14 +349,4 @@ def _error_of(result: Any) -> str | None:
 
 
 def _failure_summary(run_id: str, error: str) -> dict[str, Any]:
-    return {
-        "status": "FAILURE",
-        "run_id": run_id,
-        "scanned": 0,
-        "changed": 0,
-        "unchanged": 0,
-        "failed": 0,
-        "failed_by_type": {},
-        "duration_s": 0.0,
-        "error": error,
-    }
+    return run_history.empty_summary("FAILURE", run_id, error=error)

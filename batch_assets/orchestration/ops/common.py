@@ -15,6 +15,7 @@ from batch_assets import run_history
 from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.config import today_in
+from batch_assets.run_history import empty_summary
 from batch_assets.settings import load_settings
 from batch_assets.shutdown import STOP
 
@@ -47,21 +48,6 @@ def utcnow() -> datetime:
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def empty_summary(status: str, run_id: str, **extra: Any) -> dict[str, Any]:
-    """A summary with zero counters (a skipped run, or a failure before any work)."""
-    return {
-        "status": status,
-        "run_id": run_id,
-        "scanned": 0,
-        "changed": 0,
-        "unchanged": 0,
-        "failed": 0,
-        "failed_by_type": {},
-        "duration_s": 0.0,
-        **extra,
-    }
 
 
 def failed_by_type_table(failed_by_type: Mapping[str, int]) -> dg.MetadataValue:
