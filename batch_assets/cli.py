@@ -92,6 +92,16 @@ def positive(name: str) -> Callable[[str], int]:
     return parse
 
 
+def at_least_one(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = positive(name)(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {value}")
+        return value
+
+    return parse
+
+
 def fraction(name: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -341,7 +351,10 @@ def _build_config(cls: type, **values: Any) -> Any:
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first.get("loc", ())) or None
-        raise ConfigError(first.get("msg", "invalid value"), field=field) from None
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        if field and message.startswith(f"{field}: "):
+            message = message[len(field) + 2:]
+        raise ConfigError(message, field=field) from None
     config.to_engine_settings()
     return config
 
@@ -419,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     seed = sub.add_parser("seed", help="insert test data").add_subparsers(dest="seed_command", required=True)
     sc = seed.add_parser("customers", help="ACTIVE customers with encrypted dates of birth")
-    sc.add_argument("--rows", type=positive("rows"), required=True)
+    sc.add_argument("--rows", type=at_least_one("rows"), required=True)
     sc.add_argument("--due-fraction", type=fraction("due-fraction"), default=None,
                     help="settle the table and make this fraction due on the run date (default: all fresh)")
     sc.add_argument("--bad-fraction", type=fraction("bad-fraction"), default=0.0)
@@ -427,13 +440,13 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--run-date", default=None)
     sc.set_defaults(func=cmd_seed_customers)
     ss = seed.add_parser("subscriptions", help="subscriptions with enrollments")
-    ss.add_argument("--rows", type=positive("rows"), required=True)
+    ss.add_argument("--rows", type=at_least_one("rows"), required=True)
     ss.add_argument("--expired-fraction", type=fraction("expired-fraction"), default=0.3)
     ss.add_argument("--seed", type=int, default=None)
     ss.add_argument("--run-date", default=None)
     ss.set_defaults(func=cmd_seed_subscriptions)
     sp = seed.add_parser("payments", help="NEW payments")
-    sp.add_argument("--rows", type=positive("rows"), required=True)
+    sp.add_argument("--rows", type=at_least_one("rows"), required=True)
     sp.add_argument("--seed", type=int, default=None)
     sp.set_defaults(func=cmd_seed_payments)
 
@@ -458,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     queue = sub.add_parser("queue", help="the payment task queue").add_subparsers(dest="queue_command", required=True)
     en = queue.add_parser("enqueue", help="enqueue NEW payments")
-    en.add_argument("--count", type=positive("count"), required=True)
+    en.add_argument("--count", type=at_least_one("count"), required=True)
     en.add_argument("--seed", type=int, default=None)
     en.set_defaults(func=cmd_queue_enqueue)
     wk = queue.add_parser("work", help="drain due payments")

@@ -209,3 +209,26 @@ def test_embedded_server_started_and_reused(tmp_path: Path) -> None:
     finally:
         assert embedded.stop(home)
     assert not embedded.is_running(home)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("seed", "payments", "--rows", "0"), "rows"),
+        (("seed", "subscriptions", "--rows", "0"), "rows"),
+        (("queue", "work", "--max-seconds", "-5"), "max_seconds"),
+        (("sweep", "customer-status", "--mode", "full", "--page-size", "1001"), "page_size"),
+    ],
+)
+def test_cli_rejects_bad_values_naming_the_field(cli_env: dict[str, str], args: tuple[str, ...], field: str) -> None:
+    """A bad value exits 2 with one error line that names the field once, and nothing is written."""
+    result = cli(cli_env, *args)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert field in line and "Value error" not in line and line.count(f"{field}:") <= 1
+    engine = sa.create_engine(cli_env["BATCH_ASSETS_DATABASE_URL"])
+    with engine.connect() as conn:
+        for table in ("customers", "subscriptions", "payments", "ba_run_history"):
+            assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar() == 0
+    engine.dispose()
