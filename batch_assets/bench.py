@@ -86,20 +86,22 @@ class StatementCounter:
 
     def __init__(self, engine: sa.Engine) -> None:
         self.page = 0
+        self.preambles = 0
         self.bookkeeping = 0
         sa.event.listen(engine, "before_cursor_execute", self._on)
 
     def _on(self, _conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
         if "set_config('statement_timeout'" in statement:
             self.page += 1  # a write transaction's preamble (timeouts, and the lease fence when guarded)
+            self.preambles += 1
         elif "enable_bitmapscan" in statement or any(t in statement for t in BOOKKEEPING_TABLES):
             self.bookkeeping += 1  # per-run reader plan pin, checkpoints, heartbeats, lock, lease
         else:
             self.page += 1
 
-    def take(self) -> tuple[int, int]:
-        taken = (self.page, self.bookkeeping)
-        self.page = self.bookkeeping = 0
+    def take(self) -> tuple[int, int, int]:
+        taken = (self.page, self.preambles, self.bookkeeping)
+        self.page = self.preambles = self.bookkeeping = 0
         return taken
 
 
@@ -287,9 +289,9 @@ def run_bench(
     return EXIT_OK
 
 
-def _pick(summary: dict[str, Any], statements: tuple[int, int]) -> dict[str, Any]:
+def _pick(summary: dict[str, Any], statements: tuple[int, int, int]) -> dict[str, Any]:
     pages = max(summary["pages"], 1)
-    page_statements, bookkeeping = statements
+    page_statements, preambles, bookkeeping = statements
     return {
         "scanned": summary["scanned"],
         "changed": summary["changed"],
@@ -300,5 +302,6 @@ def _pick(summary: dict[str, Any], statements: tuple[int, int]) -> dict[str, Any
         "rows_per_s": summary["rows_per_s"],
         "statements": page_statements,
         "statements_per_page": round(page_statements / pages, 2),
+        "data_statements_per_page": round((page_statements - preambles) / pages, 2),
         "bookkeeping_statements_per_page": round(bookkeeping / pages, 2),
     }
