@@ -35,26 +35,41 @@ IN_PROGRESS = {
 }
 
 
-def current_fingerprint(database: DatabaseResource) -> tuple[int, str]:
+FIRST_VERSION_OF = "SELECT min(version) FROM ba_rules WHERE fingerprint = %(fingerprint)s"
+# %(fingerprint)s — a rules fingerprint; the first version that had it (None for the built-in defaults)
+
+
+def current_fingerprint(database: DatabaseResource) -> tuple[int, str, int | None]:
+    """(current version, its fingerprint, the first version that ever had this fingerprint)."""
     from batch_assets.domains.customer_status.rules_store import current_rules
 
     with database.get_engine().connect() as conn:
         version, rules = current_rules(conn)
-    return version, rules.fingerprint
+        first = conn.exec_driver_sql(FIRST_VERSION_OF, {"fingerprint": rules.fingerprint}).scalar()
+    return version, rules.fingerprint, first
+
+
+def rules_run_key(version: int, fingerprint: str, first_version: int | None) -> str:
+    """The run key of the config-change sweep for a rules version: its fingerprint.
+
+    Dagster never starts a second run for a key a sensor already used, so a change *back* to
+    earlier rules (A → B → A) gets the fingerprint qualified by its version: two changes, two sweeps.
+    """
+    if first_version is None or first_version == version:
+        return fingerprint
+    return f"{fingerprint}@v{version}"
 
 
 @dg.sensor(
     name="rules_changed_sensor",
     job=customer_status_sweep_job,
     minimum_interval_seconds=30,
-    description="Starts one config-change sweep per new rules version "
-    "(run key = fingerprint@version; the cursor is persisted).",
+    description="Starts one config-change sweep per rules change "
+    "(run key = the rules fingerprint; the cursor is persisted).",
 )
 def rules_changed_sensor(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult:
-    version, fingerprint = current_fingerprint(database)
-    # The key is the fingerprint *of a version*: A → B → A is two changes and needs two sweeps,
-    # while the same version is never swept twice.
-    key = f"{fingerprint}@v{version}"
+    version, fingerprint, first_version = current_fingerprint(database)
+    key = rules_run_key(version, fingerprint, first_version)
     if context.cursor == key:
         return dg.SensorResult(skip_reason=dg.SkipReason(f"rules unchanged (v{version}, {fingerprint})"))
     if context.cursor is None and version == 0:

@@ -43,13 +43,23 @@ def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, e
         set_rules(engine, rules)
         second, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         [request] = second.run_requests
-        assert request.run_key.startswith(rules.fingerprint)
+        assert request.run_key == rules.fingerprint
         assert request.run_config["ops"]["plan_sweep"]["config"]["mode"] == "config-change"
         assert cursor == request.run_key
 
         # The persisted cursor (what the daemon hands back after a restart) starts nothing new.
         third, cursor_after = _tick("rules_changed_sensor", instance, cursor, db_url)
         assert third.run_requests == [] and cursor_after == cursor
+
+        # A change back to earlier rules is a new change: a new key, so Dagster starts it.
+        other = Rules.parse("MINOR=0,ADULT=18,SENIOR=70")
+        set_rules(engine, other)
+        fourth, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
+        set_rules(engine, rules)
+        fifth, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
+        [back] = fifth.run_requests
+        assert fourth.run_requests[0].run_key == other.fingerprint
+        assert back.run_key.startswith(rules.fingerprint + "@v") and back.run_key != request.run_key
 
 
 def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
