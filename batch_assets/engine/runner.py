@@ -149,33 +149,40 @@ class _Run:
         )
         next_read: Future[tuple[list, int]] | None = prefetch.submit(self._read, reader, cursor, self.limit)
         try:
-            while next_read is not None and reason is None:
-                reason = self._stop_reason()
-                if reason is not None:
-                    break
-                try:
-                    rows, limit = next_read.result()
-                except sa.exc.DBAPIError as exc:
-                    reason = f"page read failed: {type(getattr(exc, 'orig', exc)).__name__}"
-                    next_read = None
-                    break
-                if not rows:
-                    next_read = None
-                    break
-                end = self.definition.cursor_of(rows[-1])
-                # Keyset: the next page starts after this page's last row, read while workers compute.
-                next_read = prefetch.submit(self._read, reader, end, self.limit) if len(rows) >= limit else None
-                window.append((pool.submit(self._process_page, rows), end))
-                del rows
-                while len(window) >= self.settings.window and reason is None:
-                    reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, None)
-            deadline = time.monotonic() + self.settings.drain_timeout_s if reason is not None else None
-            while window:
-                front_reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, deadline)
-                reason = reason or front_reason
-                if front_reason == "drain timed out":
-                    reason = f"{reason}; drain timed out with {len(window) + 1} page(s) in flight"
-                    break
+            try:
+                while next_read is not None and reason is None:
+                    reason = self._stop_reason()
+                    if reason is not None:
+                        break
+                    try:
+                        rows, limit = next_read.result()
+                    except sa.exc.DBAPIError as exc:
+                        reason = f"page read failed: {type(getattr(exc, 'orig', exc)).__name__}"
+                        next_read = None
+                        break
+                    if not rows:
+                        next_read = None
+                        break
+                    end = self.definition.cursor_of(rows[-1])
+                    # Keyset: the next page starts after this page's last row, read while workers compute.
+                    next_read = prefetch.submit(self._read, reader, end, self.limit) if len(rows) >= limit else None
+                    window.append((pool.submit(self._process_page, rows), end))
+                    del rows
+                    while len(window) >= self.settings.window and reason is None:
+                        reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, None)
+                deadline = time.monotonic() + self.settings.drain_timeout_s if reason is not None else None
+                while window:
+                    front_reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, deadline)
+                    reason = reason or front_reason
+                    if front_reason == "drain timed out":
+                        reason = f"{reason}; drain timed out with {len(window) + 1} page(s) in flight"
+                        break
+            except BaseException:
+                # A run termination (Dagster's DagsterExecutionInterruptedError, KeyboardInterrupt) lands
+                # here while waiting on a page: drain what is in flight, record the low watermark, re-raise.
+                reason = reason or "interrupted"
+                self._drain_after_interrupt(window, advance, last_cursor)
+                raise
         finally:
             if next_read is not None:
                 next_read.cancel()
@@ -200,6 +207,29 @@ class _Run:
             result.pages, result.duration_s, f" stopped_reason={reason}" if reason else "",
         )
         return result
+
+    def _drain_after_interrupt(
+        self,
+        window: deque[tuple[Future[tuple[PageCounts, float]], Cursor]],
+        advance: bool,
+        last_cursor: Cursor | None,
+    ) -> None:
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        try:
+            while window:
+                front_reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, deadline)
+                if front_reason == "drain timed out":
+                    break
+        except BaseException:  # a second interrupt: stop draining, keep what is recorded
+            log.warning("sweep %s: interrupted again while draining; %d page(s) left in flight",
+                        self.definition.name, len(window))
+        if not self._saved and last_cursor is not None:
+            try:
+                self._save_checkpoint(last_cursor)
+            except Exception as exc:  # the interrupt is what the caller must see; the older checkpoint stays
+                log.warning("sweep %s: low watermark not recorded on interrupt: %s", self.definition.name,
+                            type(exc).__name__)
+        log.warning("sweep %s interrupted: drained, low watermark %s", self.definition.name, last_cursor)
 
     def _load_checkpoint(self) -> tuple[Cursor | None, Cursor | None]:
         if self.checkpoints is None:

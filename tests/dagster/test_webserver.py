@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 
 import dagster as dg
@@ -17,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets import run_history
+from batch_assets.crypto import DobCipher
 from batch_assets.orchestration.launch import ensure_instance, repo_root
 from batch_assets.settings import Settings
 
@@ -139,3 +141,51 @@ def test_sweep_launched_through_graphql_succeeds_and_reports_metadata(
         assert event.asset_materialization.metadata["scanned"].value == seeded
         failures = instance.get_records_for_run(bad_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
         assert "page_size" in failures[0].event_log_entry.dagster_event.step_failure_data.error.message
+
+
+def test_terminating_a_sweep_from_the_ui_drains_checkpoints_and_releases_the_lock(
+    dagster_dev: tuple[int, Path], engine: sa.Engine, cipher: DobCipher
+) -> None:
+    """Run termination (GraphQL/UI) stops the sweep: low watermark recorded, lock and lease given back."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    from batch_assets.seed import seed_customers
+
+    seed_customers(engine, cipher, 100_000, run_date=date(2025, 6, 1), seed=9)
+    port, _home = dagster_dev
+    client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+    deadline = time.monotonic() + DEADLINE_S
+    run_id = _submit(
+        client, deadline, job_name="customer_status_sweep_job",
+        run_config={
+            "ops": {"plan_sweep": {"config": {"mode": "full", "run_date": "2025-06-01", "ranges": 1,
+                                              "page_size": 20, "workers": 1, "window": 2}}},
+            "execution": {"config": {"in_process": {}}},
+        },
+    )
+    while _computed(engine) < 2_000:  # mid-run
+        assert client.get_run_status(run_id) not in {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE}
+        assert time.monotonic() < deadline, "the sweep did not start"
+        time.sleep(0.2)  # polling interval of a deadline loop
+    client.terminate_run(run_id)
+    assert _wait_for_run(client, run_id, deadline) == dg.DagsterRunStatus.CANCELED
+    done = _computed(engine)
+    assert 2_000 <= done < 100_000
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM ba_leases").scalar_one() == 0
+        assert conn.exec_driver_sql("SELECT count(*) FROM ba_job_locks WHERE lock_until > now()").scalar_one() == 0
+        cursor = conn.exec_driver_sql(
+            "SELECT cursor #>> '{}' FROM ba_checkpoints WHERE sweep = 'customer_status' AND mode = 'full' "
+            "AND status = 'RUNNING'"
+        ).scalar_one()
+        # Everything at or before the low watermark is written (the drain finished the pages in flight).
+        behind = conn.exec_driver_sql(
+            "SELECT count(*) FROM customers WHERE id <= CAST(%(c)s AS uuid) AND next_review_date IS NULL "
+            "AND encrypted_dob IS NOT NULL", {"c": cursor}
+        ).scalar_one()
+    assert behind == 0
+
+
+def _computed(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return conn.exec_driver_sql("SELECT count(*) FROM customers WHERE next_review_date IS NOT NULL").scalar_one()

@@ -298,3 +298,28 @@ def test_checkpoints_are_throttled_but_a_stop_saves_the_exact_low_watermark(
     assert result.status == "FAILURE" and result.stopped_reason == "stop requested" and not store.completed
     assert len(store.saved) == 2  # the first drained page, then the exact low watermark at the stop
     assert store.saved[-1] == result.last_cursor == _sorted_ids(engine)[result.pages * 20 - 1]
+
+
+class Interrupted(BaseException):
+    """Stands for Dagster's DagsterExecutionInterruptedError (a BaseException, not an Exception)."""
+
+
+def test_interrupt_drains_in_flight_pages_and_records_the_low_watermark(engine: sa.Engine, cipher: DobCipher) -> None:
+    """A BaseException in the middle of a run drains the window, saves the exact low watermark, then propagates."""
+    copy_customers(engine, random_customers(cipher, 600))
+    store = RecordingStore()
+
+    def interrupt_after_five(snapshot: dict[str, Any]) -> None:
+        if snapshot["pages"] == 5:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        _sweep(engine, cipher, checkpoints=store, progress=interrupt_after_five,
+               settings={"workers": 2, "window": 3, "page_size": 20, "checkpoint_every_s": 3600})
+    assert not store.completed
+    with engine.connect() as conn:
+        done = conn.exec_driver_sql("SELECT count(*) FROM customers WHERE next_review_date IS NOT NULL").scalar_one()
+    ids = _sorted_ids(engine)
+    # Every row up to the recorded low watermark is written; pages in flight were drained, not abandoned.
+    assert store.saved[-1] == ids[done - 1]
+    assert done >= 5 * 20 and done % 20 == 0

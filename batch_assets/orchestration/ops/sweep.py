@@ -43,7 +43,13 @@ from batch_assets.orchestration.resources import (
     EncryptionResource,
     JobLockResource,
 )
-from batch_assets.orchestration.run_guard import acquire_run_lock, joined_guard, release_run_lock, run_owner
+from batch_assets.orchestration.run_guard import (
+    acquire_run_lock,
+    joined_guard,
+    release_failed_run,
+    release_run_lock,
+    run_owner,
+)
 from batch_assets.shutdown import STOP
 
 SWEEP_JOB_KEY = "customer_status_sweep"
@@ -160,6 +166,13 @@ def sweep_range(
         raise dg.Failure(
             description=f"{label}: lost the run's lock to another run: {exc}", allow_retries=False
         ) from None
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            # Run termination (DagsterExecutionInterruptedError): the engine drained and recorded its
+            # low watermark; give back the run's lock and lease now (the summary op will not run).
+            release_failed_run(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
+                               root_run_id=_root_run_id(context))
+        raise
     summary = result.to_summary()
     summary["range"] = cursor_range.key
     summary["owner"] = task["owner"]
