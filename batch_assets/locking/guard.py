@@ -147,7 +147,7 @@ def job_guard(
     finally:
         if heartbeat is not None:
             heartbeat.stop()
-        _release(job_key, owner, lease, job_lock if lock_held else None)
+        release_lease_and_lock(job_key, owner, lease, job_lock if lock_held else None)
         if own_lock:
             close = getattr(job_lock, "close", None)
             if close is not None:
@@ -161,7 +161,8 @@ def _holder(lock: JobLock, job_key: str) -> str:
         return "another run"
 
 
-def _release(job_key: str, owner: str, lease: Lease | None, lock: JobLock | None) -> None:
+def release_lease_and_lock(job_key: str, owner: str, lease: Lease | None, lock: JobLock | None) -> None:
+    """Owner-filtered release of a run's lease and lock; logs instead of raising."""
     # Best effort on purpose: both expire on their own, and a failure here must not
     # replace the exception (or the result) of the run itself.
     if lease is not None:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 
 from batch_assets.errors import LockNotAcquired, LockStoreUnavailable
-from batch_assets.locking.guard import GuardSettings, RunGuard
+from batch_assets.locking.guard import GuardSettings, RunGuard, release_lease_and_lock
 from batch_assets.locking.heartbeat import Heartbeat
 from batch_assets.locking.lease import Lease, lease_owner, make_owner
 from batch_assets.locking.lock import JobLock
@@ -103,14 +103,7 @@ def acquire_run_lock(
 
 def release_run_lock(engine: sa.Engine, lock: JobLock, *, job_key: str, owner: str) -> None:
     """Release lease and lock of the run (best effort: both expire on their own)."""
-    try:
-        Lease(engine, job_key, owner, 1).release()
-    except Exception as exc:  # the lease expires by itself; do not replace the run's own outcome
-        log.warning("lease %r not released, it will expire: %s", job_key, exc)
-    try:
-        lock.release(job_key, owner)
-    except Exception as exc:  # same: lock-at-most-for bounds it
-        log.warning("job lock %r not released, it will expire: %s", job_key, exc)
+    release_lease_and_lock(job_key, owner, Lease(engine, job_key, owner, 1), lock)
 
 
 @contextmanager
