@@ -124,6 +124,18 @@ def test_config_change_decrypts_fewer_rows_and_matches_a_full_sweep(engine: sa.E
     assert (check.decrypted, check.changed) == (600, 0)
 
 
+def test_two_rule_changes_without_a_sweep_evaluate_every_row(engine: sa.Engine, cipher: DobCipher) -> None:
+    """After A -> B -> C with no sweep between, rows may still carry A's dates: config-change evaluates them all."""
+    copy_customers(engine, random_customers(cipher, 600))
+    assert _sweep(engine, cipher).changed == 600  # settled under the defaults (A)
+    set_rules(engine, Rules.parse("MINOR=0,YOUNG_ADULT=18,ADULT=30,SENIOR=65"))  # B: only ADULT's start moves
+    set_rules(engine, Rules.parse("MINOR=0,YOUNG_ADULT=21,ADULT=30,SENIOR=65"))  # C
+    change = _sweep(engine, cipher, mode="config-change")
+    assert change.status == "SUCCESS" and change.decrypted == 600
+    check = _sweep(engine, cipher, mode="full")
+    assert check.changed == 0  # config-change already left every row right under C
+
+
 def test_resume_from_a_checkpoint(engine: sa.Engine, cipher: DobCipher) -> None:
     """A saved low watermark is resumed: rows at or before it are not read again, the rest are finished."""
     copy_customers(engine, random_customers(cipher, 300))

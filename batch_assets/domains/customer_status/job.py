@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.rules_store import current_rules, previous_rules
+from batch_assets.domains.customer_status.rules_store import current_rules, settled_rules
 from batch_assets.domains.customer_status.sweep import MODES, CustomerStatusSweep
 from batch_assets.engine.definition import CheckpointStoreLike, CursorRange, RunContext, RunGuardLike
 from batch_assets.engine.result import SweepResult
@@ -50,7 +50,7 @@ def run_customer_status_sweep(
         raise ConfigError("delta runs over the whole key space only", field="cursor_range")
     with engine.connect() as conn:
         _, rules = current_rules(conn)
-        old_rules = previous_rules(conn) if mode == "config-change" else None
+        old_rules = settled_rules(conn) if mode == "config-change" else None
     definition = CustomerStatusSweep(mode, cipher=cipher, run_date=run_date, rules=rules, previous_rules=old_rules)
     # A checkpoint is resumed only by a run with the same rules and run date.
     ctx = RunContext(run_id=run_id, mode=mode, run_date=run_date, fingerprint=f"{rules.fingerprint}:{run_date}")

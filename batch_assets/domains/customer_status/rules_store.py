@@ -42,6 +42,20 @@ def previous_rules(conn: sa.Connection) -> Rules | None:
     return _rules_of(previous[1])
 
 
+def settled_rules(conn: sa.Connection) -> Rules | None:
+    """The old rules for the config-change pre-check, or None when they are ambiguous.
+
+    The pre-check may skip a row only if that row was settled under the previous rules (or is
+    already settled under the current ones). That holds when at most one rules change happened
+    since the last successful full or config-change sweep; after two or more (A -> B -> C with no
+    sweep between), rows may still carry A's dates, so every row is evaluated instead.
+    """
+    changes = int(conn.exec_driver_sql(sql.RULE_CHANGES_SINCE_LAST_SETTLE).scalar_one())
+    if changes > 1:
+        return None
+    return previous_rules(conn)
+
+
 def set_rules(engine: sa.Engine, rules: Rules) -> int:
     """Store `rules` as the new current version and return it; a no-op returning the current
     version when the fingerprint equals the current one."""

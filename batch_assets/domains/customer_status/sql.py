@@ -103,6 +103,18 @@ CURRENT_RULES = "SELECT version, rules, fingerprint FROM ba_rules ORDER BY versi
 # PREVIOUS_RULES — the version just below the current one. No parameters.
 PREVIOUS_RULES = "SELECT version, rules, fingerprint FROM ba_rules ORDER BY version DESC LIMIT 1 OFFSET 1"
 
+# RULE_CHANGES_SINCE_LAST_SETTLE — how many rules versions were created since the last successful
+# full or config-change sweep started (every row was settled by it), or ever when none ran.
+# No parameters. ba_run_history rows of a whole run have no "range" key (per-range rows do).
+RULE_CHANGES_SINCE_LAST_SETTLE = """
+SELECT count(*) FROM ba_rules
+ WHERE created_at > coalesce(
+       (SELECT max(started_at) FROM ba_run_history
+         WHERE job LIKE 'customer_status_sweep%%' AND mode IN ('full', 'config-change')
+           AND status = 'SUCCESS' AND NOT (summary ? 'range')),
+       '-infinity'::timestamptz)
+"""
+
 # INSERT_RULES — a new version. Parameters: rules jsonb (text), fingerprint text.
 INSERT_RULES = """
 INSERT INTO ba_rules (rules, fingerprint) VALUES (CAST(%(rules)s AS jsonb), %(fingerprint)s)
