@@ -79,7 +79,7 @@ def _check(settings: GuardSettings) -> None:
         raise ConfigError("must be shorter than lock_ttl_s", field="heartbeat_s")
 
 
-def _lock_beat(lock: JobLock, job_key: str, owner: str, settings: GuardSettings) -> Beat:
+def lock_beat(lock: JobLock, job_key: str, owner: str, settings: GuardSettings) -> Beat:
     """Renew the lock; with lock_fail_open an unreachable store is a warning, and an expired lock is retaken."""
 
     def extend_lock() -> bool:
@@ -131,7 +131,7 @@ def job_guard(
             log.warning("job lock %r not taken, continuing on the lease alone (lock_fail_open): %s", job_key, exc)
         else:
             if not lock_held:
-                raise LockNotAcquired(f"job {job_key!r} is locked by {_holder(job_lock, job_key)}")
+                raise LockNotAcquired(f"job {job_key!r} is locked by {holder_text(job_lock, job_key)}")
 
         lease = Lease(engine, job_key, owner, settings.lease_ttl_s)
         if not lease.acquire():
@@ -141,7 +141,7 @@ def job_guard(
 
         beats: list[Beat] = [lease.heartbeat]
         if lock_held:
-            beats.append(_lock_beat(job_lock, job_key, owner, settings))
+            beats.append(lock_beat(job_lock, job_key, owner, settings))
         heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}").start()
         yield RunGuard(job_key, owner, lease, heartbeat, lock_held)
     finally:
@@ -154,7 +154,8 @@ def job_guard(
                 close()
 
 
-def _holder(lock: JobLock, job_key: str) -> str:
+def holder_text(lock: JobLock, job_key: str) -> str:
+    """Who holds the lock, for messages (the store may be down or the lock just released)."""
     try:
         return lock.holder(job_key) or "another run (just released)"
     except LockStoreUnavailable:

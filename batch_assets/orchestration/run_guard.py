@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 
 from batch_assets.errors import LockNotAcquired, LockStoreUnavailable
-from batch_assets.locking.guard import GuardSettings, RunGuard, release_lease_and_lock
+from batch_assets.locking.guard import GuardSettings, RunGuard, holder_text, lock_beat, release_lease_and_lock
 from batch_assets.locking.heartbeat import Heartbeat
 from batch_assets.locking.lease import Lease, lease_owner, make_owner
 from batch_assets.locking.lock import JobLock
@@ -79,12 +79,7 @@ def _take_lock(lock: JobLock, job_key: str, owner: str, settings: GuardSettings)
             raise
         log.warning("job lock %r unavailable, continuing on the lease alone (lock_fail_open): %s", job_key, exc)
         return True
-    holder = None
-    try:
-        holder = lock.holder(job_key)
-    except LockStoreUnavailable:
-        pass
-    raise LockNotAcquired(f"job {job_key!r} is locked by {holder or 'another run'}")
+    raise LockNotAcquired(f"job {job_key!r} is locked by {holder_text(lock, job_key)}")
 
 
 def acquire_run_lock(
@@ -94,10 +89,7 @@ def acquire_run_lock(
     _take_lock(lock, job_key, owner, settings)
     if not Lease(engine, job_key, owner, settings.lease_ttl_s).acquire():
         held_by = lease_owner(engine, job_key)
-        try:
-            lock.release(job_key, owner)
-        except LockStoreUnavailable:
-            pass
+        release_lease_and_lock(job_key, owner, None, lock)  # give the lock back (logs if the store is down)
         raise LockNotAcquired(f"job {job_key!r} lease is held by {held_by}")
 
 
@@ -114,19 +106,8 @@ def joined_guard(
     acquire_run_lock(engine, lock, job_key=job_key, owner=owner, settings=settings)
     lease = Lease(engine, job_key, owner, settings.lease_ttl_s)
 
-    def renew_lock() -> bool:
-        try:
-            return lock.extend(job_key, owner, settings.lock_ttl_s) or (
-                settings.lock_fail_open and lock.acquire(job_key, owner, settings.lock_ttl_s)
-            )
-        except LockStoreUnavailable as exc:
-            if not settings.lock_fail_open:
-                raise
-            log.warning("job lock %r not renewed (lock_fail_open): %s", job_key, exc)
-            return True
-
-    renew_lock.__qualname__ = "JobLock.extend"
-    heartbeat = Heartbeat(settings.heartbeat_s, [lease.heartbeat, renew_lock], name=f"heartbeat-{job_key}").start()
+    beats = [lease.heartbeat, lock_beat(lock, job_key, owner, settings)]
+    heartbeat = Heartbeat(settings.heartbeat_s, beats, name=f"heartbeat-{job_key}").start()
     try:
         yield RunGuard(job_key, owner, lease, heartbeat, True)
     finally:
