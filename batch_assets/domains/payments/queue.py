@@ -7,10 +7,9 @@ payment is processed. Writes after a claim are fenced by the claim token (see `s
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,6 +17,7 @@ import sqlalchemy as sa
 from batch_assets.domains.payments import sql
 from batch_assets.domains.payments.seed import copy_payments
 from batch_assets.errors import ConfigError
+from batch_assets.knobs import build_settings, check_positive_fields
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +41,7 @@ class QueueSettings:
     poll_interval_s: float = 1.0  # idle wait when nothing is due (drain=False)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ConfigError(f"must be a number, got {value!r}", field=f.name)
-            if value <= 0:
-                raise ConfigError(f"must be > 0, got {value!r}", field=f.name)
-            if f.type in ("int", int) and int(value) != value:
-                raise ConfigError(f"must be a whole number, got {value!r}", field=f.name)
+        check_positive_fields(self)
         if self.batch_size > 10_000:
             raise ConfigError(f"must be <= 10000, got {self.batch_size}", field="batch_size")
         if self.concurrency > 256:
@@ -64,11 +57,7 @@ class QueueSettings:
     @classmethod
     def build(cls, **overrides: Any) -> QueueSettings:
         """Settings from keyword overrides; a value of 0 or None takes the default; unknown names are errors."""
-        known = {f.name for f in fields(cls)}
-        for name in overrides:
-            if name not in known:
-                raise ConfigError("unknown setting", field=name)
-        return cls(**{k: v for k, v in overrides.items() if v is not None and v != 0})
+        return build_settings(cls, overrides)
 
     def backoff_s(self, attempts: int) -> float:
         """Delay before the next attempt after `attempts` tries: base * 2^(attempts-1), capped at backoff_max_s."""

@@ -14,7 +14,6 @@ Transaction shape, and why:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import socket
@@ -22,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
@@ -30,6 +29,7 @@ import sqlalchemy as sa
 
 from batch_assets.db.engine import translate_errors
 from batch_assets.errors import ConfigError, LockNotAcquired
+from batch_assets.knobs import build_settings, check_positive_fields
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +143,7 @@ class ExpirySettings:
     batch_timeout_s: float = 30  # statement_timeout of the one-statement batch transaction
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ConfigError(f"must be a number, got {value!r}", field=f.name)
-            if value <= 0:
-                raise ConfigError(f"must be > 0, got {value!r}", field=f.name)
-            if f.type in ("int", int) and int(value) != value:
-                raise ConfigError(f"must be a whole number, got {value!r}", field=f.name)
+        check_positive_fields(self)
         if self.batch_size > 10_000:
             raise ConfigError(f"must be <= 10000, got {self.batch_size}", field="batch_size")
         if self.lock_min_s > self.lock_ttl_s:
@@ -161,11 +154,7 @@ class ExpirySettings:
     @classmethod
     def build(cls, **overrides: Any) -> ExpirySettings:
         """Settings from keyword overrides; a value of 0 or None takes the default; unknown names are errors."""
-        known = {f.name for f in fields(cls)}
-        for name in overrides:
-            if name not in known:
-                raise ConfigError("unknown setting", field=name)
-        return cls(**{k: v for k, v in overrides.items() if v is not None and v != 0})
+        return build_settings(cls, overrides)
 
 
 @dataclass
