@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, date, datetime
 from typing import Any
@@ -29,6 +29,17 @@ def config_failure(exc: ConfigError) -> dg.Failure:
         metadata={"field": exc.field or "", "error": str(exc)},
         allow_retries=False,
     )
+
+
+def validated_plan(config: Any, *checks: Callable[[], object]) -> Any:
+    """`config.to_engine_settings()` plus any extra checks; a ConfigError becomes `config_failure`."""
+    try:
+        plan = config.to_engine_settings()
+        for check in checks:
+            check()
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    return plan
 
 
 def resolve_run_date(configured: date | None) -> date:
@@ -150,4 +161,5 @@ __all__ = [
     "stop_on_interrupt",
     "summary_metadata",
     "utcnow",
+    "validated_plan",
 ]

@@ -9,15 +9,15 @@ import sqlalchemy as sa
 
 from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import ConfigError, LockNotAcquired
+from batch_assets.errors import LockNotAcquired
 from batch_assets.orchestration.config import ExpiryConfig, OutboxRelayConfig, QueueDrainConfig
 from batch_assets.orchestration.ops.common import (
-    config_failure,
     empty_summary,
     finish,
     resolve_run_date,
     stop_on_interrupt,
     utcnow,
+    validated_plan,
 )
 from batch_assets.orchestration.progress import OpProgress
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
@@ -50,10 +50,7 @@ def expire_subscriptions(
     from batch_assets.domains.subscriptions.expiry import run_expiry_job
 
     started_at = utcnow()
-    try:
-        plan = config.to_engine_settings()
-    except ConfigError as exc:
-        raise config_failure(exc) from None
+    plan = validated_plan(config)
     run_date = resolve_run_date(plan.run_date)
     engine = database.get_engine()
     mode = "retry_failed" if plan.retry_failed else "nightly"
@@ -106,10 +103,7 @@ def drain_payment_queue(
     from batch_assets.domains.payments.worker import run_worker
 
     started_at = utcnow()
-    try:
-        plan = config.to_engine_settings()
-    except ConfigError as exc:
-        raise config_failure(exc) from None
+    plan = validated_plan(config)
     engine = database.get_engine(min_pool_size=plan.engine.concurrency + 2)
     settings = load_settings()
     handler = default_handler(settings.limits_url, plan.engine.http_timeout_s, concurrency=plan.engine.concurrency)
@@ -169,10 +163,7 @@ def relay_outbox_events(
     from batch_assets.outbox.relay import make_sink, relay_outbox
 
     started_at = utcnow()
-    try:
-        plan = config.to_engine_settings()
-    except ConfigError as exc:
-        raise config_failure(exc) from None
+    plan = validated_plan(config)
     engine = database.get_engine()
     sink = make_sink(load_settings())
     try:

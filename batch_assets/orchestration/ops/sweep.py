@@ -24,10 +24,9 @@ from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import ConfigError, LockNotAcquired
+from batch_assets.errors import LockNotAcquired
 from batch_assets.orchestration.config import SweepConfig
 from batch_assets.orchestration.ops.common import (
-    config_failure,
     empty_summary,
     failed_by_type_table,
     finish,
@@ -35,6 +34,7 @@ from batch_assets.orchestration.ops.common import (
     stop_on_interrupt,
     summary_metadata,
     utcnow,
+    validated_plan,
 )
 from batch_assets.orchestration.progress import OpProgress
 from batch_assets.orchestration.resources import (
@@ -82,11 +82,8 @@ def plan_sweep(
 ) -> Iterator[dg.DynamicOutput[dict]]:
     """Validate the run config, fix the run date, take the run's lock + lease and map the cursor ranges."""
     started_at = utcnow()
-    try:
-        plan = config.to_engine_settings()
-        encryption.cipher()  # a missing or malformed key stops the run here, before any read
-    except ConfigError as exc:
-        raise config_failure(exc) from None
+    # A missing or malformed key stops the run here too, before any read.
+    plan = validated_plan(config, encryption.cipher)
     run_date = resolve_run_date(plan.run_date)
     engine = database.get_engine()
     owner = run_owner(_root_run_id(context))
