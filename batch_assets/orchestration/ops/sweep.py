@@ -70,6 +70,12 @@ def _root_run_id(context: dg.OpExecutionContext) -> str:
     return context.run.root_run_id or context.run_id
 
 
+def _in_process(context: dg.OpExecutionContext) -> bool:
+    """Whether every op of this run executes in this process (the in_process executor)."""
+    execution = (context.run.run_config or {}).get("execution") or {}
+    return "in_process" in (execution.get("config") or {})
+
+
 @dg.op(
     out=dg.DynamicOut(dict, description="One task per cursor range."),
     tags={"kind": "sweep"},
@@ -87,7 +93,7 @@ def plan_sweep(
     plan = validated_plan(config, encryption.cipher)
     run_date = resolve_run_date(plan.run_date)
     engine = database.get_engine()
-    owner = run_owner(_root_run_id(context))
+    owner = run_owner(_root_run_id(context), single_process=_in_process(context))
     try:
         acquire_run_lock(
             engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY, owner=owner, settings=plan.engine
