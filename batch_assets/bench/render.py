@@ -202,7 +202,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"A {kind} run of `{report['command']}` ({seconds(report['duration_s'])} in all) on "
         f"{machine['cpus']} CPUs, PostgreSQL {machine.get('postgres', '?')}, Python {machine['python']}; "
-        f"run date {report['run_date']}. {machine.get('note', '')}".rstrip(),
+        f"run date {report['run_date']}." + (f" Conditions: {machine['note']}." if machine.get("note") else ""),
         "",
         tables(report),
         f"![throughput]({CHART_FILES['throughput']})",
