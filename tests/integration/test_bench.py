@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.bench import check, queue, references, render
+from batch_assets.bench import check, plans, queue, references, render
 from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
 from batch_assets.seed import seed_customers
 
@@ -246,3 +246,35 @@ def test_naive_job_saves_its_sample_row_by_row_and_scales_with_its_offsets(
     assert result["estimated_offset_pages_s"] >= 0
     assert result["estimated_s"] == pytest.approx(
         3000 * result["per_row_ms"] / 1000 + result["estimated_offset_pages_s"], abs=0.11)
+
+
+# --- plan verdicts ----------------------------------------------------------------------------
+
+
+def _plan(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"Plan": node}]
+
+
+INDEX_SCAN = {"Node Type": "Index Scan", "Relation Name": "customers", "Index Name": "customers_due_idx"}
+BITMAP_SCAN = {"Node Type": "Bitmap Heap Scan", "Relation Name": "payments",
+               "Plans": [{"Node Type": "Bitmap Index Scan", "Index Name": "payments_pkey"}]}
+
+
+@pytest.mark.parametrize(
+    ("plan", "table", "keyset", "passes"),
+    [
+        ({"Node Type": "Limit", "Plans": [INDEX_SCAN]}, "customers", True, True),
+        ({"Node Type": "Limit", "Plans": [{"Node Type": "Sort", "Plans": [INDEX_SCAN]}]}, "customers", True, False),
+        ({"Node Type": "Limit", "Plans": [{"Node Type": "Seq Scan", "Relation Name": "customers"}]},
+         "customers", True, False),
+        ({"Node Type": "ModifyTable", "Relation Name": "payments", "Plans": [BITMAP_SCAN]}, "payments", False, True),
+        ({"Node Type": "ModifyTable", "Relation Name": "payments",
+          "Plans": [{"Node Type": "Hash Join", "Plans": [{"Node Type": "Seq Scan", "Relation Name": "payments"},
+                                                         BITMAP_SCAN]}]}, "payments", False, False),
+    ],
+)
+def test_plan_verdict_needs_index_access_and_an_index_order_for_keyset_reads(
+    plan: dict[str, Any], table: str, keyset: bool, passes: bool
+) -> None:
+    """Index and bitmap-index scans pass; a sequential scan fails; a keyset read that sorts fails."""
+    assert plans.verdict("q", table, _plan(plan), keyset=keyset)["index_scan"] is passes
