@@ -120,11 +120,9 @@ def fraction(name: str) -> Callable[[str], float]:
 
 def engine_for(settings: Settings):  # -> sa.Engine
     """The process's engine, after checking the database answers (one-line error if not)."""
-    from batch_assets.db.engine import check_connection, get_engine, resolve_database_url
+    from batch_assets.db.engine import connected_engine
 
-    engine = get_engine(resolve_database_url(settings))
-    check_connection(engine)
-    return engine
+    return connected_engine(settings)
 
 
 def check_connection_budget(engine, needed: int) -> None:  # engine: sa.Engine
@@ -141,9 +139,9 @@ def check_connection_budget(engine, needed: int) -> None:  # engine: sa.Engine
 
 
 def cipher_for_settings(settings: Settings):
-    from batch_assets.crypto import cipher_for, load_key
+    from batch_assets.crypto import cipher_from_settings
 
-    return cipher_for(load_key(settings))
+    return cipher_from_settings(settings)
 
 
 # --- db ----------------------------------------------------------------------
@@ -185,7 +183,7 @@ def cmd_db_stop(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_seed_customers(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.seed import check_fraction, seed_customers
+    from batch_assets.domains.customer_status.seed import check_fraction, seed_customers
 
     check_fraction(args.due_fraction, "due_fraction")
     check_fraction(args.bad_fraction, "bad_fraction")
@@ -212,20 +210,15 @@ def cmd_seed_customers(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _current_rules(engine):  # -> Rules
-    try:
-        from batch_assets.domains.customer_status.rules_store import current_rules
-    except ImportError:  # pragma: no cover - during bring-up
-        from batch_assets.domains.customer_status.rules import DEFAULT_RULES
+    from batch_assets.domains.customer_status.rules_store import rules_in_force
 
-        return DEFAULT_RULES
-    with engine.connect() as conn:
-        return current_rules(conn)[1]
+    return rules_in_force(engine)
 
 
 def cmd_seed_subscriptions(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.subscriptions.seed import seed_subscriptions
 
-    check = __import__("batch_assets.seed", fromlist=["check_fraction"]).check_fraction
+    check = __import__("batch_assets.domains.customer_status.seed", fromlist=["check_fraction"]).check_fraction
     check(args.expired_fraction, "expired_fraction")
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
     engine = engine_for(settings)

@@ -149,7 +149,7 @@ def test_terminating_a_sweep_from_the_ui_drains_checkpoints_and_releases_the_loc
     """Run termination (GraphQL/UI) stops the sweep: low watermark recorded, lock and lease given back."""
     from dagster_graphql import DagsterGraphQLClient
 
-    from batch_assets.seed import seed_customers
+    from batch_assets.domains.customer_status.seed import seed_customers
 
     seed_customers(engine, cipher, 100_000, run_date=date(2025, 6, 1), seed=9)
     port, _home = dagster_dev
