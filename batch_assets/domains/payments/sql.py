@@ -24,13 +24,15 @@ import sqlalchemy as sa
 # PROCESSING rows whose lease passed (payments_processing_idx). Each branch locks with SKIP
 # LOCKED, so concurrent claimers never get the same row and never wait; the union is cut to
 # %(n)s. Rows locked by a branch but cut by the outer LIMIT are unlocked at commit.
+# `id = ANY(ARRAY(...))` makes the update a primary-key lookup per claimed row; `id IN (...)`
+# lets the planner hash-join against a scan of the whole table.
 CLAIM = """
 UPDATE payments AS p
    SET status        = 'PROCESSING',
        attempts      = p.attempts + 1,
        claimed_until = now() + make_interval(secs => %(lease_s)s),
        claim_token   = %(token)s
- WHERE p.id IN (
+ WHERE p.id = ANY(ARRAY(
        SELECT due.id
          FROM (
                SELECT fresh.id, fresh.rank
@@ -50,7 +52,7 @@ UPDATE payments AS p
                           FOR UPDATE SKIP LOCKED) AS stale
               ) AS due
         ORDER BY due.rank
-        LIMIT %(n)s)
+        LIMIT %(n)s))
 RETURNING p.id, p.amount_cents, p.attempts
 """
 
@@ -61,6 +63,7 @@ RETURNING p.id, p.amount_cents, p.attempts
 #   %(undo)s      int[]     1 gives the claim's attempt back (never called: stop, open breaker), else 0
 #   %(delays)s    float8[]  NEW only: seconds until next_attempt_at (backoff; 0 = due now)
 #   %(errors)s    text[]    last_error to record, or NULL to keep the stored one
+# `p.id = ANY(ids)` keeps the join on primary-key lookups whatever the statistics say.
 # Returns the 1-based position (in the arrays) of every row written; a row whose claim was lost (another
 # worker holds a newer token, or it already left PROCESSING) matches nothing, so DONE is
 # written at most once and a stale claim cannot overwrite the new owner's result.
@@ -77,7 +80,7 @@ UPDATE payments AS p
   FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[], %(undo)s::int[],
               %(delays)s::float8[], %(errors)s::text[])
        WITH ORDINALITY AS r(id, token, status, undo, delay_s, error, ord)
- WHERE p.id = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
+ WHERE p.id = ANY(%(ids)s::uuid[]) AND p.id = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
 RETURNING r.ord
 """
 

@@ -298,7 +298,9 @@ class _Worker:
                 conninfo, autocommit=True, connect_timeout=10, application_name="batch_assets_worker",
                 # A committed result or claim lost in a database crash only means the payment is
                 # claimed again after its lease (Idempotency-Key), so commits need not wait for WAL.
-                options="-c synchronous_commit=off",
+                # Generic plans of the prepared claim/result statements cannot see the array sizes
+                # and fall back to whole-table joins; custom plans stay on primary-key lookups.
+                options="-c synchronous_commit=off -c plan_cache_mode=force_custom_plan",
             )
         except psycopg.OperationalError as exc:
             raise unavailable(self.engine.url, exc) from None
