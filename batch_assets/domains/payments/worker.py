@@ -322,6 +322,9 @@ class _Worker:
                 await asyncio.wait_for(self.listening.wait(), timeout=5)
             except TimeoutError:
                 log.warning("payment worker: LISTEN not ready after 5s; relying on the poll")
+            # max_seconds counts from here: connecting is not working time (a slow start must not
+            # leave a short run nothing to do).
+            self.deadline = None if self.max_seconds is None else loop.time() + self.max_seconds
             await self._db_loop()
         except Exception as exc:
             self.errors.append(exc)
@@ -434,7 +437,8 @@ class _Worker:
         if idle:
             waits.append(self._poll_s())
             if next_due_in is not None:
-                waits.append(max(next_due_in, 0.01))  # a due row another claim holds: look again soon, not in a hot loop
+                # A due row another claim holds: look again soon, not in a hot loop.
+                waits.append(max(next_due_in, 0.01))
         if self.breaker.state == OPEN:
             waits.append(self.breaker.remaining_s())
         if self.deadline is not None:
