@@ -542,6 +542,7 @@ def test_queue_bench_quick_shape_and_every_payment_done_once(db_url: str) -> Non
     assert http["per_s"] > 0
     assert result["checks"]["product"] == {"done": 2000, "rows": 2000, "max_attempts": 1}
     assert result["checks"]["http_stub"]["done"] == http["payments"]
-    assert len(lines) == 4
+    assert len(lines) == 5
+    assert result["floor_async_commit_per_s"] > 0
     with psycopg.connect(_conninfo(db_url)) as conn:
         assert conn.execute("SELECT count(*) FROM payments").fetchone()[0] == 0  # it removed its rows

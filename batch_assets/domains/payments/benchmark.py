@@ -7,7 +7,7 @@ migrations applied:
    real `run_worker` in drain mode (not through Dagster), payments settled per second;
 2. the floor: the same table, 2 processes, one statement per round trip that completes the
    previous 100 and claims the next 100 with SKIP LOCKED, written here independently of the
-   product's SQL;
+   product's SQL (also reported with synchronous_commit = off, the product's setting);
 3. pickup latency: an idle resident worker, a row INSERTed by another connection, time until
    the handler is called (p50 / p99);
 4. an HTTP stub on 127.0.0.1 answering after 50 ms, the default handler at concurrency 64.
@@ -141,7 +141,14 @@ def run_queue_bench(
     try:
         say(f"queue bench: floor, {payments:,} payments, {WORKER_PROCESSES} processes")
         rows.insert(payments)
-        floor_s = _run_processes(ctx, _floor_process, conninfo, ())
+        floor_s = _run_processes(ctx, _floor_process, conninfo, (False,))
+        rows.delete()
+
+        # The product commits with synchronous_commit = off (a lost result is only processed again);
+        # the same floor with that setting shows how much of the difference is the commit alone.
+        say(f"queue bench: floor with synchronous_commit = off, {payments:,} payments")
+        rows.insert(payments)
+        floor_async_s = _run_processes(ctx, _floor_process, conninfo, (True,))
         rows.delete()
 
         say(f"queue bench: product, {payments:,} payments, no-op plug-in, {WORKER_PROCESSES} worker processes")
@@ -191,6 +198,8 @@ def run_queue_bench(
         },
         "product_s": round(product_s, 3),
         "floor_s": round(floor_s, 3),
+        "floor_async_commit_per_s": round(payments / floor_async_s, 1),
+        "ratio_async_commit": round(product_per_s / (payments / floor_async_s), 3),
         "floor_batch": FLOOR_BATCH,
         "quick": quick,
     }
@@ -221,9 +230,11 @@ def _run_processes(ctx: Any, target: Callable[..., None], url: str, args: tuple[
                 p.kill()
 
 
-def _floor_process(conninfo: str, ready: Any, out: Any) -> None:
+def _floor_process(conninfo: str, ready: Any, out: Any, async_commit: bool) -> None:
     try:
         with psycopg.connect(conninfo, autocommit=True) as conn:
+            if async_commit:
+                conn.execute("SET synchronous_commit = off")
             ready.wait(timeout=120)
             done: list[Any] = []
             while True:

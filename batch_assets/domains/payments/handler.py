@@ -14,6 +14,7 @@ import enum
 import hashlib
 import importlib
 import inspect
+import json
 import math
 import os
 import time
@@ -22,9 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
-
 from batch_assets.domains.payments.errors import PermanentFailure
+from batch_assets.domains.payments.http11 import HttpError, PostClient
 from batch_assets.domains.payments.queue import Claim
 from batch_assets.errors import ConfigError
 
@@ -82,14 +82,10 @@ def classify_status(status_code: int) -> Outcome:
 class HttpLimitsHandler:
     """POSTs {"payment_id", "amount_cents"} with `Idempotency-Key: <payment id>` and an explicit timeout.
 
-    Asynchronous (httpx.AsyncClient): the clients are opened on the worker's event loop by
-    `open` and closed by `aclose`, so one handler object can serve several runs. The
-    connections are split over small clients of `CONNECTIONS_PER_CLIENT` each and a call goes to
-    the least busy one: httpcore scans every connection of a pool for every request it assigns,
-    which made one 64-connection pool cost more CPU than the calls themselves.
+    Asynchronous: `open` creates the keep-alive client (`http11.PostClient`) on the worker's
+    event loop and `aclose` closes it, so one handler object can serve several runs. At most
+    `max_connections` calls are on the wire at once.
     """
-
-    CONNECTIONS_PER_CLIENT = 4
 
     def __init__(self, url: str, timeout_s: float, *, max_connections: int = 32) -> None:
         if not url or not url.startswith(("http://", "https://")):
@@ -99,45 +95,28 @@ class HttpLimitsHandler:
         self.url = url
         self.timeout_s = float(timeout_s)
         self.max_connections = max(int(max_connections), 1)
-        self._clients: list[httpx.AsyncClient] = []
-        self._busy: list[int] = []
+        self._client: PostClient | None = None
 
     async def open(self) -> None:
-        per = self.CONNECTIONS_PER_CLIENT
-        limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
-        count = -(-self.max_connections // per)
-        self._clients = [
-            httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s), limits=limits, follow_redirects=False)
-            for _ in range(count)
-        ]
-        self._busy = [0] * count
+        self._client = PostClient(self.url, timeout_s=self.timeout_s, max_connections=self.max_connections)
 
     async def aclose(self) -> None:
-        clients, self._clients = self._clients, []
-        for client in clients:
+        client, self._client = self._client, None
+        if client is not None:
             await client.aclose()
 
     async def handle_async(self, claim: Claim) -> Outcome:
         """One POST for `claim`; the Idempotency-Key makes a repeated call (lost claim, retry) safe."""
-        if not self._clients:
+        if self._client is None:
             raise RuntimeError("HttpLimitsHandler.open() was not awaited")
-        busy = self._busy
-        shard = busy.index(min(busy))
-        busy[shard] += 1
-        payload = {"payment_id": str(claim.id), "amount_cents": int(claim.amount_cents)}
+        body = json.dumps({"payment_id": str(claim.id), "amount_cents": int(claim.amount_cents)}).encode()
         try:
-            response = await self._clients[shard].post(
-                self.url, json=payload, headers={"Idempotency-Key": str(claim.id)}
-            )
-        except httpx.TimeoutException as exc:
-            return Outcome.retry("timeout", f"limits call timed out after {self.timeout_s:g}s ({type(exc).__name__})")
-        except httpx.ConnectError as exc:
-            return Outcome.retry("connection_error", f"cannot connect to limits service ({type(exc).__name__})")
-        except httpx.TransportError as exc:
-            return Outcome.retry("transport_error", f"limits call failed ({type(exc).__name__})")
-        finally:
-            busy[shard] -= 1
-        return classify_status(response.status_code)
+            status = await self._client.post(body, {"Idempotency-Key": str(claim.id)})
+        except HttpError as exc:
+            if exc.kind == "timeout":
+                return Outcome.retry("timeout", f"limits call timed out after {self.timeout_s:g}s")
+            return Outcome.retry(exc.kind, str(exc))
+        return classify_status(status)
 
     def close(self) -> None:
         return None
