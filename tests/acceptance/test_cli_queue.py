@@ -97,7 +97,8 @@ def test_queue_stats_prints_counts_oldest_due_dlq_and_breaker(cli_env, engine):
     ok(cli_env, "queue", "enqueue", "--count", "3")
     execute(engine, "UPDATE payments SET next_attempt_at = now() - interval '1 hour' "
                     "WHERE id = (SELECT id FROM payments ORDER BY id LIMIT 1)")
-    execute(engine, "UPDATE payments SET status = 'FAILED' WHERE id = (SELECT id FROM payments ORDER BY id DESC LIMIT 1)")
+    execute(engine, "UPDATE payments SET status = 'FAILED' "
+                    "WHERE id = (SELECT id FROM payments ORDER BY id DESC LIMIT 1)")
     stats = ok(cli_env, "queue", "stats")
     assert stats["by_status"] == {"NEW": 2, "PROCESSING": 0, "DONE": 0, "FAILED": 1}, stats
     assert 3590 <= stats["oldest_due_s"] <= 3700, stats
