@@ -6,6 +6,7 @@ local HTTP stub and stop it by its own process group.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -546,3 +547,33 @@ def test_queue_bench_quick_shape_and_every_payment_done_once(db_url: str) -> Non
     assert result["floor_async_commit_per_s"] > 0
     with psycopg.connect(_conninfo(db_url)) as conn:
         assert conn.execute("SELECT count(*) FROM payments").fetchone()[0] == 0  # it removed its rows
+
+
+def test_stop_gives_back_calls_that_outlive_the_drain_timeout(engine: sa.Engine) -> None:
+    """On stop, a call still running after drain_timeout_s is cancelled and its claim given back (NEW, unspent)."""
+    queue.enqueue(engine, 1, seed=37)
+    started, stop = threading.Event(), threading.Event()
+
+    async def hang(*, payment_id: str, amount_cents: int, attempts: int) -> None:
+        started.set()
+        await asyncio.Event().wait()  # a call that never returns by itself
+
+    out: list[Any] = []
+    settings = QueueSettings.build(concurrency=1, drain_timeout_s=0.5, http_timeout_s=30, claim_lease_s=60)
+    worker = threading.Thread(
+        target=lambda: out.append(run_worker(engine, settings, handler=PluginHandler(hang), stop=stop, drain=False))
+    )
+    worker.start()
+    try:
+        assert started.wait(timeout=30), "the handler was never called"
+        stop.set()
+        worker.join(timeout=30)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert not worker.is_alive()
+    assert (out[0].released, out[0].done, out[0].stopped_by) == (1, 0, "stop")
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT status, attempts, claim_token FROM payments")).one()
+    assert (row.status, row.attempts, row.claim_token) == ("NEW", 0, None)
+

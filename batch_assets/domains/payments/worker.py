@@ -403,8 +403,8 @@ class _Worker:
                         next_due_in = await self._next_due_in()
                 continue
             held = self.pending.qsize() + self.running
-            if self.halting and held == 0 and not self.results:
-                return
+            if self.halting and not self.results:
+                return  # the calls in flight get their drain timeout in _shutdown
             if self.drain and idle and held == 0 and not self.results and not self.notified:
                 if next_due_in is None or next_due_in > 0:
                     self.result.stopped_by = "drained"
@@ -443,8 +443,6 @@ class _Worker:
             waits.append(self.breaker.remaining_s())
         if self.deadline is not None:
             waits.append(self.deadline - now)
-        if self.halting:
-            waits.append(0.05)
         return max(0.0, min(waits))
 
     async def _wait(self, timeout: float) -> bool:
