@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
+import threading
 from typing import Any
 
 import dagster as dg
@@ -118,9 +119,12 @@ def drain_payment_queue(
     engine = database.get_engine(min_pool_size=4)
     progress = OpProgress(context, label="payment queue", asset_key="payment_status")
     with stop_on_interrupt(), progress:
-        result = run_worker(
-            engine, plan.engine, handler=handler, stop=STOP, max_seconds=plan.max_seconds, drain=plan.drain,
-            progress=progress,
+        result = _run_draining(
+            lambda: run_worker(
+                engine, plan.engine, handler=handler, stop=STOP, max_seconds=plan.max_seconds, drain=plan.drain,
+                progress=progress,
+            ),
+            grace_s=plan.engine.drain_timeout_s + 30,
         )
     summary = finish(context, engine, summary=result.to_summary(context.run_id), started_at=started_at)
     stats = queue_stats(engine)
@@ -146,6 +150,35 @@ def drain_payment_queue(
         )
     )
     return summary
+
+
+def _run_draining(fn: Any, *, grace_s: float) -> Any:
+    """Run the worker in a thread of its own and wait for it here.
+
+    A run termination (Dagster raises DagsterExecutionInterruptedError on the op's thread) then
+    lands in this wait, not inside the worker's event loop: STOP is set, the worker gives back its
+    claims and writes its results (up to `grace_s`), and only then does the interruption go on.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # re-raised on the op's thread below
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="payment-worker", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        STOP.set()
+        worker.join(grace_s)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _relay_summary(outcome: Any, run_id: str) -> dict[str, Any]:
