@@ -48,7 +48,7 @@ from batch_assets.domains.payments.queue import Claim, QueueSettings, Result
 log = logging.getLogger(__name__)
 
 _PROGRESS_EVERY_S = 1.0
-_YIELD_EVERY = 32  # a lane running instant calls yields this often, so results flush while it runs
+_YIELD_EVERY = 64  # instant calls (all lanes together) between yields, so the database loop overlaps them
 _CLAIM_WAIT_LIMIT_S = 0.25  # claimed rows waiting longer than this for a lane shrink the batch
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 BREAKER_CODES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
@@ -276,6 +276,8 @@ class _Worker:
         self.first_result_at = 0.0
         self.batches: deque[list[float]] = deque()  # [claimed_at, rows not yet taken] per claim, FIFO
         self.running = 0
+        self.since_yield = 0
+        self.db_waiting = False
         self.halting = False
         self.notified = False
         self.errors: list[BaseException] = []
@@ -289,6 +291,7 @@ class _Worker:
         self.started = loop.time()
         self.deadline = None if self.max_seconds is None else self.started + self.max_seconds
         self.kick = asyncio.Event()
+        self.db_ran = asyncio.Event()
         self.listening = asyncio.Event()
         self.pending: asyncio.Queue[Claim | None] = asyncio.Queue()
         self.last_progress = self.started
@@ -447,20 +450,25 @@ class _Worker:
 
     async def _wait(self, timeout: float) -> bool:
         """Wait for a kick (result, free lane, notification, stop) or `timeout`; True when kicked."""
-        if self.kick.is_set():
-            self.kick.clear()  # the loop looks at everything again after any wait
-            await asyncio.sleep(0)
-            return True
-        if timeout <= 0:
-            await asyncio.sleep(0)
-            return False
         try:
-            async with asyncio.timeout(timeout):
-                await self.kick.wait()
+            if self.kick.is_set():
+                self.kick.clear()  # the loop looks at everything again after any wait
+                await asyncio.sleep(0)
+                return True
+            if timeout <= 0:
+                await asyncio.sleep(0)
+                return False
+            self.db_waiting = True
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.kick.wait()
+            except TimeoutError:
+                return False
             self.kick.clear()
             return True
-        except TimeoutError:
-            return False
+        finally:
+            self.db_waiting = False
+            self.db_ran.set()
 
     def _wanted(self) -> int:
         """How many rows to claim now: 0 while the breaker is open, 1 probe when half-open."""
@@ -494,11 +502,14 @@ class _Worker:
         written: list[Any] = []
         rows: list[Any] = []
         async with conn.pipeline():
-            wcur = await conn.execute(sql.WRITE_RESULTS, queue.results_params([r for r, _ in sent])) if sent else None
+            wcur = (
+                await conn.execute(sql.WRITE_RESULTS, queue.results_params([r for r, _ in sent]), binary=True)
+                if sent else None
+            )
             if record:
                 await conn.execute(sql.RECORD_STATE, state)
             claim_params = {"n": want, "lease_s": float(self.settings.claim_lease_s), "token": token}
-            ccur = await conn.execute(sql.CLAIM, claim_params) if want else None
+            ccur = await conn.execute(sql.CLAIM, claim_params, binary=True) if want else None
             if wcur is not None:
                 written = await wcur.fetchall()
             if ccur is not None:
@@ -560,7 +571,6 @@ class _Worker:
     # --- the lanes -----------------------------------------------------------------------------
 
     async def _lane(self) -> None:
-        taken = 0
         while True:
             claim = await self.pending.get()
             if claim is None:
@@ -581,9 +591,18 @@ class _Worker:
             finally:
                 self.running -= 1
             self._settle(claim, outcome)
-            taken += 1
-            if taken % _YIELD_EVERY == 0:
-                await asyncio.sleep(0)
+            # Calls that never suspend (a no-op plug-in) would otherwise run a whole batch before
+            # the database loop gets a turn; counted over all lanes, so it gets one every 64.
+            if self.db_waiting and self.kick.is_set():
+                # The database loop has work (flush, claim) but the other lanes' wake-ups are
+                # queued ahead of its own: hold until it has had its turn.
+                self.db_ran.clear()
+                await self.db_ran.wait()
+            else:
+                self.since_yield += 1
+                if self.since_yield >= _YIELD_EVERY:
+                    self.since_yield = 0
+                    await asyncio.sleep(0)
 
     def _taken_one(self) -> None:
         if self.batches:
