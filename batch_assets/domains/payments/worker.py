@@ -76,7 +76,8 @@ class QueueResult:
     round_trips: int = 0
     notifications: int = 0
     woken_by: Counter[str] = field(default_factory=Counter)  # notify | timer | poll
-    claimed_after: Counter[str] = field(default_factory=Counter)  # rows claimed right after each wake-up kind
+    # Rows claimed right after each kind of wake-up: start, notify, timer, poll, busy (following the work).
+    claimed_after: Counter[str] = field(default_factory=Counter)
 
     @property
     def per_s(self) -> float:
@@ -401,6 +402,7 @@ class _Worker:
                 claims = await self._round_trip(flush, want, record)
                 if want:
                     self._took(claims, want, woken)
+                    woken = "busy"  # later claims follow the work, not a wake-up
                     idle = len(claims) < want
                     if idle:
                         next_due_in = await self._next_due_in()
@@ -418,7 +420,7 @@ class _Worker:
             if idle:
                 if self.notified:
                     idle, woken = False, "notify"
-                elif not fired and self._idle_elapsed(next_due_in):
+                elif not fired:  # the wait ran out: the timer on the next due row, or the poll
                     idle, woken = False, ("timer" if next_due_in is not None and next_due_in < self._poll_s()
                                           else "poll")
                 elif self.breaker.poll() != CLOSED and self.breaker.remaining_s() <= 0:
@@ -428,10 +430,6 @@ class _Worker:
 
     def _poll_s(self) -> float:
         return self.settings.poll_interval_s
-
-    def _idle_elapsed(self, next_due_in: float | None) -> bool:
-        # Called after a wait that timed out: the timer or the poll is due (never busy-loops).
-        return True
 
     def _timeout(self, now: float, idle: bool, next_due_in: float | None) -> float:
         waits = [_PROGRESS_EVERY_S]
