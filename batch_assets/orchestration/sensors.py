@@ -98,7 +98,7 @@ def rules_changed_sensor(context: dg.SensorEvaluationContext, database: Database
     job=payment_queue_drain_job,
     minimum_interval_seconds=10,
     description=f"Starts the next payment queue drain {QUEUE_DRAIN_INTERVAL_S}s after the last one finished; "
-    "never two at once.",
+    "never two at once, and none while a resident `queue work` run (the same job) is running.",
 )
 def payment_queue_drain_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     records = context.instance.get_run_records(
@@ -120,7 +120,7 @@ def payment_queue_drain_sensor(context: dg.SensorEvaluationContext) -> dg.Sensor
             dg.RunRequest(
                 run_key=f"drain-after:{previous}",
                 run_config=dg.RunConfig(
-                    ops={"drain_payment_queue": QueueDrainConfig(max_seconds=QUEUE_DRAIN_MAX_SECONDS)}
+                    ops={"drain_payment_queue": QueueDrainConfig(max_seconds=QUEUE_DRAIN_MAX_SECONDS, drain=True)}
                 ),
             )
         ]
