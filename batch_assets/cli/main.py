@@ -17,11 +17,12 @@ from collections.abc import Sequence
 
 from batch_assets.cli import db, outbox, queue, rules, seed, subscriptions, sweep, tools
 from batch_assets.cli.args import Parser
-from batch_assets.cli.output import emit, empty_summary, err, first_line
+from batch_assets.cli.output import emit, empty_summary, err
 from batch_assets.errors import (
     EXIT_FAILED,
     EXIT_SKIPPED,
     BatchAssetsError,
+    first_line,
 )
 from batch_assets.settings import load_settings
 

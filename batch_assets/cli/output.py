@@ -13,8 +13,6 @@ from batch_assets.errors import (
 )
 
 SUMMARY_KEYS = ("status", "run_id", "scanned", "changed", "unchanged", "failed", "failed_by_type", "duration_s")
-
-
 EXIT_BY_STATUS = {"SUCCESS": EXIT_OK, "FAILURE": EXIT_FAILED, "SKIPPED": EXIT_SKIPPED}
 
 
@@ -32,8 +30,3 @@ def empty_summary(status: str, error: str | None = None) -> dict[str, Any]:
     from batch_assets.run_history import empty_summary as zero_summary
 
     return zero_summary(status, None, **({"error": error} if error is not None else {}))
-
-
-def first_line(text: str) -> str:
-    """The first non-empty line of a message, stripped (one line on stderr, never a traceback)."""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -20,12 +20,11 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from batch_assets.db.engine import error_text
 from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import BatchAssetsError, LockNotAcquired
+from batch_assets.errors import BatchAssetsError, LockNotAcquired, error_text
 from batch_assets.locking.run_guard import (
     acquire_run_lock,
     joined_guard,
