@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from batch_assets.errors import ConfigError
+
 DATABASE_URL_VAR = "BATCH_ASSETS_DATABASE_URL"
 ENCRYPTION_KEY_VAR = "BATCH_ASSETS_ENCRYPTION_KEY"
 REDIS_URL_VAR = "BATCH_ASSETS_REDIS_URL"
@@ -20,6 +22,7 @@ HOME_VAR = "BATCH_ASSETS_HOME"
 TIMEZONE_VAR = "BATCH_ASSETS_TIMEZONE"
 DAGSTER_PG_URL_VAR = "BATCH_ASSETS_DAGSTER_PG_URL"
 TEST_DATABASE_URL_VAR = "BATCH_ASSETS_TEST_DATABASE_URL"
+AUTOMATION_VAR = "BATCH_ASSETS_AUTOMATION"
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,18 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         timezone=_get(env, TIMEZONE_VAR) or "UTC",
         home=home,
     )
+
+
+_AUTOMATION_VALUES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def automation_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether schedules and run-starting sensors start RUNNING (CONTRACT §8): BATCH_ASSETS_AUTOMATION=off stops them.
+
+    Read when the code location loads (never at import time); an unknown value is a ConfigError naming the variable.
+    """
+    env = os.environ if environ is None else environ
+    value = (_get(env, AUTOMATION_VAR) or "on").lower()
+    if value not in _AUTOMATION_VALUES:
+        raise ConfigError(f"must be on or off, got {value!r}", field=AUTOMATION_VAR)
+    return _AUTOMATION_VALUES[value]

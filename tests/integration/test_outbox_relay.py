@@ -102,7 +102,7 @@ def test_redis_stream_sink_adds_one_entry_per_event(engine: sa.Engine) -> None:
         result = relay_outbox(engine, sink=sink, batch_size=5)
         assert (result.sent, client.xlen(stream)) == (7, 7)
         fields = client.xrange(stream, count=1)[0][1]
-        assert set(fields) == {b"id", b"aggregate_id", b"event_type", b"payload", b"created_at"}
+        assert set(fields) == {b"id", b"idempotency_key", b"aggregate_id", b"event_type", b"payload", b"created_at"}
     finally:
         client.delete(stream)
         client.close()
