@@ -186,7 +186,7 @@ def test_asset_checks_pass_after_a_successful_delta(dagster_env: Settings, engin
             "VALUES (gen_random_uuid(), 'PROCESSING', now() - interval '1 hour')"
         )
     with dg.instance_for_test() as instance:
-        result = defs.resolve_job_def("asset_checks_job").execute_in_process(instance=instance)
+        result = defs().resolve_job_def("asset_checks_job").execute_in_process(instance=instance)
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert evaluations["no_overdue_active_customers"].passed
     assert evaluations["no_overdue_active_customers"].metadata["last_delta_run_date"].value == "2025-06-01"

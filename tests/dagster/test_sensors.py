@@ -11,16 +11,19 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.definitions import defs
+from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
 from batch_assets.orchestration.jobs import payment_queue_drain_job
 from batch_assets.orchestration.launch import get_job
 from batch_assets.orchestration.resources import DatabaseResource
-from batch_assets.orchestration.sensors import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_sensor
+from batch_assets.orchestration.sensors import QUEUE_DRAIN_INTERVAL_S
 from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster
+
+defs = load_defs()
+payment_queue_drain_sensor = defs.resolve_sensor_def("payment_queue_drain_sensor")
 
 
 def _tick(sensor_name: str, instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> tuple:
@@ -44,7 +47,11 @@ def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, e
         second, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         [request] = second.run_requests
         assert request.run_key == rules.fingerprint
-        assert request.run_config["ops"]["plan_sweep"]["config"]["mode"] == "config-change"
+        config = request.run_config["ops"]["customer_status_sweep"]["ops"]["plan_sweep"]["config"]
+        assert config["mode"] == "config-change"
+        # The cursor moves only once a run for the fingerprint succeeded: record one.
+        _succeed(instance, engine, request)
+        _, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         assert cursor == request.run_key
 
         # The persisted cursor (what the daemon hands back after a restart) starts nothing new.
@@ -55,11 +62,27 @@ def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, e
         other = Rules.parse("MINOR=0,ADULT=18,SENIOR=70")
         set_rules(engine, other)
         fourth, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
+        _succeed(instance, engine, fourth.run_requests[0])
+        _, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         set_rules(engine, rules)
         fifth, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         [back] = fifth.run_requests
         assert fourth.run_requests[0].run_key == other.fingerprint
         assert back.run_key.startswith(rules.fingerprint + "@v") and back.run_key != request.run_key
+
+
+def _succeed(instance: dg.DagsterInstance, engine: sa.Engine, request: dg.RunRequest) -> str:
+    """Record a run for `request` that ended SUCCESS with a SUCCESS summary (what a real sweep leaves)."""
+    from datetime import UTC, datetime
+
+    from batch_assets import run_history
+    from batch_assets.orchestration.jobs import customer_status_sweep_job
+
+    run = instance.create_run_for_job(job_def=customer_status_sweep_job, status=dg.DagsterRunStatus.SUCCESS,
+                                      tags=request.tags)
+    run_history.record(engine, run_id=run.run_id, job="customer_status_asset_job", status="SUCCESS",
+                       started_at=datetime.now(UTC), summary={"status": "SUCCESS"})
+    return run.run_id
 
 
 def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
