@@ -336,7 +336,9 @@ def cmd_queue_dlq_replay(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.orchestration.config import OutboxRelayConfig
 
-    config = _build_config(OutboxRelayConfig, batch_size=args.batch_size)
+    config = _build_config(
+        OutboxRelayConfig, batch_size=args.batch_size, follow=args.follow or None, follow_seconds=args.max_seconds
+    )
     engine_for(settings)
     return run_job("outbox_relay_job", config, settings)
 
@@ -489,6 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     outbox = sub.add_parser("outbox", help="the outbox").add_subparsers(dest="outbox_command", required=True)
     rl = outbox.add_parser("relay", help="send PENDING outbox events to the sink")
     rl.add_argument("--batch-size", type=positive("batch-size"), default=None)
+    rl.add_argument("--follow", action="store_true",
+                    help="keep relaying until SIGTERM/SIGINT, woken by a notification on every new event")
+    rl.add_argument("--max-seconds", type=positive("max-seconds"), default=None,
+                    help="with --follow: stop after this many seconds")
     rl.set_defaults(func=cmd_outbox_relay)
 
     rules = sub.add_parser("rules", help="the age-category rules").add_subparsers(dest="rules_command", required=True)

@@ -229,8 +229,14 @@ class RelayResult:
         return self.error is None
 
 
+def _autocommit(engine: sa.Engine) -> sa.Engine:
+    # One statement, its own implicit transaction: no BEGIN/COMMIT round trips, so not even a
+    # moment "idle in transaction" between the statement and its commit.
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def _claim(engine: sa.Engine, owner: str, settings: RelaySettings) -> list[OutboxEvent]:
-    with engine.begin() as conn:
+    with _autocommit(engine).connect() as conn:
         rows = conn.execute(
             CLAIM_BATCH, {"limit": settings.batch_size, "owner": owner, "lease_s": settings.claim_lease_s}
         ).all()
@@ -240,7 +246,7 @@ def _claim(engine: sa.Engine, owner: str, settings: RelaySettings) -> list[Outbo
 
 def _release(engine: sa.Engine, ids: list[int], owner: str) -> None:
     try:
-        with engine.begin() as conn:
+        with _autocommit(engine).connect() as conn:
             conn.execute(RELEASE_CLAIM, {"ids": ids, "owner": owner})
     except sa.exc.DBAPIError as exc:  # the claim lease expires on its own
         log.warning("outbox relay: claim not released (%s); it expires with its lease", type(exc).__name__)
@@ -257,7 +263,7 @@ def relay_batch(engine: sa.Engine, *, sink: Sink, owner: str, settings: RelaySet
     except BaseException:
         _release(engine, ids, owner)
         raise
-    with engine.begin() as conn:
+    with _autocommit(engine).connect() as conn:
         marked = len(conn.execute(MARK_SENT, {"ids": ids, "owner": owner}).all())
     if marked < len(ids):
         log.warning("outbox relay: %d of %d events were claimed by another relay meanwhile (sent again)",
