@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -300,20 +298,17 @@ def _automation(port: int) -> dict[str, str]:
 
 
 def test_schedules_and_sensors_are_running_after_load_and_stopped_with_automation_off(
-    dagster_env: Settings, tmp_path: Path
+    dagster_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fresh instance: every schedule and run-starting sensor RUNNING; with BATCH_ASSETS_AUTOMATION=off,
     STOPPED (the alerting sensor stays on)."""
-    with _dagster_dev(dagster_env, tmp_path / "on", BATCH_ASSETS_AUTOMATION="on") as (port, _home):
+    with _dagster_dev(dagster_env, tmp_path, BATCH_ASSETS_AUTOMATION="on") as (port, _home):
         on = _automation(port)
-    shutil.rmtree(dagster_env.dagster_home, ignore_errors=True)
-    off_settings = dataclasses.replace(dagster_env, home=tmp_path / "off-home")
-    (tmp_path / "off").mkdir()
-    os.environ["DAGSTER_HOME"] = str(tmp_path / "off-dagster-home")  # a fresh instance: no stored state
-    with _dagster_dev(off_settings, tmp_path / "off", BATCH_ASSETS_AUTOMATION="off") as (port, _home):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "fresh_dagster_home"))  # no state stored by the first
+    with _dagster_dev(dagster_env, tmp_path, BATCH_ASSETS_AUTOMATION="off") as (port, _home):
         off = _automation(port)
     assert len(on) == 9 and set(on) == set(off)
-    assert {name: status for name, status in on.items()} == dict.fromkeys(on, "RUNNING")
+    assert on == dict.fromkeys(on, "RUNNING")
     assert off.pop("run_failure_alert_sensor") == "RUNNING"
     assert set(off.values()) == {"STOPPED"}
 
