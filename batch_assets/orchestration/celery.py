@@ -64,9 +64,7 @@ class WorkerWaitingCeleryExecutor(CeleryExecutor):
             worker = wait_for_worker(app, CELERY_QUEUE, self.worker_wait_s)
         finally:
             app.close()
-        yield dg.DagsterEvent.engine_event(
-            plan_context, f"celery worker {worker} consumes queue {CELERY_QUEUE!r}; submitting steps"
-        )
+        plan_context.log.info(f"celery worker {worker} consumes queue {CELERY_QUEUE!r}; submitting steps")
         yield from super().execute(plan_context, execution_plan)
 
 
@@ -99,5 +97,5 @@ def celery_on_redis_executor(init_context: dg.InitExecutorContext) -> CeleryExec
     broker = config.get("broker") or celery_broker_url()
     return WorkerWaitingCeleryExecutor(
         worker_wait_s=wait_s, retries=base.retries, broker=broker, backend=broker, include=base.include,
-        config_source=dict(base.config_source),
+        config_source=dict(vars(base.config_source)),
     )

@@ -360,3 +360,49 @@ def test_materialize_customer_status_through_graphql_runs_the_sweep_and_shows_ch
         event = instance.get_latest_materialization_event(dg.AssetKey("customer_status"))
         assert event.run_id == run_id
         assert event.asset_materialization.metadata["scanned"].value == 1_000
+
+
+@pytest.mark.usefixtures("require_redis")
+@pytest.mark.filterwarnings("ignore::celery.exceptions.DuplicateTaskNameWarning")
+def test_a_celery_run_with_no_worker_fails_saying_so_and_leaves_no_process(
+    dagster_dev: tuple[int, Path], engine: sa.Engine, seeded: int
+) -> None:
+    """Launched with no celery worker, the celery job fails after worker_wait_s with a message that says so,
+    writes nothing, and its run process is gone."""
+    import redis
+    from dagster_graphql import DagsterGraphQLClient
+
+    broker = "redis://127.0.0.1:6379/12"
+    redis.Redis.from_url(broker).flushdb()  # no worker has ever listened on this broker
+    port, home = dagster_dev
+    client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+    deadline = time.monotonic() + DEADLINE_S
+    run_id = _submit(
+        client, deadline, job_name="customer_status_sweep_celery_job",
+        run_config={
+            "ops": {"plan_sweep": {"config": {"mode": "full", "run_date": "2025-06-01", "ranges": 2}}},
+            "execution": {"config": {"broker": broker, "worker_wait_s": 3.0}},
+        },
+    )
+    assert _wait_for_run(client, run_id, time.monotonic() + 2 * DEADLINE_S) == dg.DagsterRunStatus.FAILURE
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        records = instance.get_records_for_run(run_id).records
+    texts = [str(r.event_log_entry.dagster_event) + (r.event_log_entry.user_message or "") for r in records]
+    assert any("no celery worker consumed queue 'dagster' within 3s" in t for t in texts)
+    assert _computed(engine) == 0
+    # The run worker exits: no process of this dagster dev still runs this run.
+    deadline = time.monotonic() + 30
+    while _processes_of_run(run_id):
+        assert time.monotonic() < deadline, "the run's process is still alive"
+        time.sleep(0.2)  # polling interval of a deadline loop
+
+
+def _processes_of_run(run_id: str) -> list[int]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if any(run_id in part for part in process.cmdline()):
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
