@@ -157,3 +157,63 @@ def test_run_failure_sensor_logs_and_posts_an_alert(
     [alert] = received
     assert alert["run_id"] == failed.run_id and alert["job"] == "customer_status_sweep_job"
     assert alert["status"] == "FAILURE"
+
+
+def test_expiry_alerts_by_id_when_subscriptions_reach_the_maximum_retry_count(
+    dagster_env: Settings, engine: sa.Engine, webhook: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry run whose failures bring rows to max_retries POSTs one alert naming their ids, and no customer data."""
+    url, received = webhook
+    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO subscriptions (id, customer_id, expiry_date, status, retry_count, last_error) VALUES "
+            "(11, gen_random_uuid(), '2025-05-01', 'FAILED', 2, 'x'), "
+            "(12, gen_random_uuid(), '2025-05-02', 'FAILED', 1, 'x'), "
+            "(13, gen_random_uuid(), '2025-05-03', 'ACTIVE', 0, NULL)")
+        conn.exec_driver_sql("INSERT INTO enrollments (subscription_id, course_id) VALUES (11, 1), (12, 1), (13, 1)")
+        # Every enrollment delete fails: the retried rows fail again.
+        conn.exec_driver_sql(
+            "CREATE FUNCTION test_fail() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN RAISE EXCEPTION 'provoked'; END; $$")
+        conn.exec_driver_sql(
+            "CREATE TRIGGER test_fail BEFORE DELETE ON enrollments FOR EACH ROW EXECUTE FUNCTION test_fail()")
+    with dg.instance_for_test() as instance:
+        result = get_job("subscription_expiry_job").execute_in_process(
+            run_config={"ops": {"expire_subscriptions": {"config": {
+                "run_date": "2025-06-01", "retry_failed": True, "max_retries": 3}}}},
+            instance=instance,
+        )
+    assert result.success
+    [alert] = received
+    assert alert["kind"] == "retries_exhausted" and alert["subscription_ids"] == [11]
+    assert (alert["count"], alert["max_retries"], alert["run_id"]) == (1, 3, result.run_id)
+    assert set(alert) == {"text", "kind", "count", "max_retries", "subscription_ids", "run_id", "job", "run_date"}
+    with engine.connect() as conn:
+        counts = dict(conn.exec_driver_sql("SELECT id, retry_count FROM subscriptions").all())
+    assert counts == {11: 3, 12: 2, 13: 0}
+
+
+def test_expiry_ends_failure_with_an_alert_after_three_consecutive_batch_failures(
+    dagster_env: Settings, engine: sa.Engine, webhook: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that fails with a connection-class error three times in a row: the run ends FAILURE and alerts."""
+    url, received = webhook
+    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO subscriptions (id, expiry_date, status) VALUES (21, '2025-05-01', 'ACTIVE')")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION test_conn() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN RAISE EXCEPTION 'provoked' USING ERRCODE = '08006'; END; $$")
+        conn.exec_driver_sql(
+            "CREATE TRIGGER test_conn BEFORE UPDATE ON subscriptions FOR EACH STATEMENT EXECUTE FUNCTION test_conn()")
+    with dg.instance_for_test() as instance:
+        result = get_job("subscription_expiry_job").execute_in_process(
+            run_config={"ops": {"expire_subscriptions": {"config": {"run_date": "2025-06-01"}}}},
+            instance=instance, raise_on_error=False,
+        )
+    assert not result.success
+    [alert] = received
+    assert (alert["kind"], alert["status"], alert["batch_retries"]) == ("batch_failures", "FAILURE", 2)
+    assert "3 consecutive batch failures" in alert["text"]
