@@ -282,3 +282,24 @@ def test_follow_with_the_sink_down_then_hanging_holds_no_transaction_and_loses_n
     delivered = {int(fields[b"idempotency_key"]) for _, fields in entries}
     assert delivered == ids and len(ids) == 40  # none lost
     assert {e[1][b"aggregate_id"].decode() for e in entries} >= set(late)
+
+
+def test_an_insert_of_events_notifies_the_relay_and_an_empty_insert_does_not(engine: sa.Engine) -> None:
+    """The statement trigger NOTIFYs batch_assets_outbox once per inserting statement, never for zero rows."""
+    from batch_assets.outbox.relay import NOTIFY_CHANNEL
+
+    raw = engine.raw_connection()
+    try:
+        listener = raw.driver_connection
+        listener.autocommit = True
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        with engine.begin() as conn:  # a page write with no category change inserts no event
+            conn.exec_driver_sql("INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+                                 "SELECT gen_random_uuid(), 'x', '{}'::jsonb WHERE false")
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+        _add_events(engine, 3)
+        [note] = list(listener.notifies(timeout=5, stop_after=1))
+        assert note.channel == NOTIFY_CHANNEL
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # one statement, one notification
+    finally:
+        raw.invalidate()
