@@ -20,7 +20,7 @@ The UI shows the lineage
 import dagster as dg
 import sqlalchemy as sa
 
-from batch_assets.orchestration.metadata import counts_table, run_numbers
+from batch_assets.orchestration.metadata import counts_table, records_table, run_numbers
 from batch_assets.orchestration.ops.sweep import plan_sweep, summarise_sweep, sweep_range
 from batch_assets.orchestration.resources import DatabaseResource
 
@@ -90,28 +90,47 @@ RANGE_COLUMNS = ("range", "scanned", "changed", "failed", "pages", "duration_s",
     ins={"customers": dg.In(dg.Nothing)},
     tags={"kind": "sweep"},
 )
-def report_customer_status(context: dg.OpExecutionContext, summary: dict, database: DatabaseResource):
-    """Report the sweep's three assets with numeric metadata (charted in Plots); nothing for a SKIPPED run."""
+def report_customer_status(
+    context: dg.OpExecutionContext, summary: dict, ranges: list, database: DatabaseResource
+):
+    """Report the sweep's three assets with numeric metadata (charted in Plots); nothing for a SKIPPED run.
+
+    In the asset job these are the multi-asset's outputs (materializations of those assets); in the op
+    jobs the CLI launches, the same metadata is logged as AssetMaterialization events.
+    """
     if not summary:  # plan_sweep was skipped (another run held the lock): nothing was materialized
         context.log.info("the sweep was skipped: no materialization")
         return
     engine = database.get_engine()
     counts, categories = counts_table(engine, CATEGORY_COUNTS, label="age_category")
-    common = {"run_date": str(summary.get("run_date")), "mode": str(summary.get("mode")), **run_numbers(summary)}
-    yield dg.Output(
-        None,
-        "customer_status",
-        metadata={
+    run_date, mode = str(summary.get("run_date")), str(summary.get("mode"))
+    common = {"run_date": run_date, "mode": mode, **run_numbers(summary)}
+    reports = {
+        "customer_status": (f"{mode} sweep for {run_date}", {
             **common,
             "pages": int(summary.get("pages") or 0),
             "decrypted": int(summary.get("decrypted") or 0),
             "ranges": int(summary.get("ranges") or 0),
             "active_customers": sum(counts.values()),
+            "failed_by_type": records_table(
+                [{"kind": k, "rows": int(v)} for k, v in sorted((summary.get("failed_by_type") or {}).items())],
+                ("kind", "rows"),
+            ),
             "counts_by_category": categories,
-        },
-    )
-    yield dg.Output(None, "review_triggers", metadata={**common, "triggers": int(summary.get("triggers") or 0)})
-    yield dg.Output(None, "outbox_events", metadata={**common, "events": int(summary.get("audit_events") or 0)})
+            "cursor_ranges": records_table(ranges, RANGE_COLUMNS),
+        }),
+        "review_triggers": (f"review triggers written by the {mode} sweep for {run_date}",
+                            {**common, "triggers": int(summary.get("triggers") or 0)}),
+        "outbox_events": (f"age_category_changed events written by the {mode} sweep for {run_date}",
+                          {**common, "events": int(summary.get("audit_events") or 0)}),
+    }
+    for key, (description, metadata) in reports.items():
+        if context.has_assets_def:
+            yield dg.Output(None, key, metadata=metadata)
+        else:
+            context.log_event(dg.AssetMaterialization(
+                asset_key=key, description=description, metadata=metadata, tags={"mode": mode, "run_date": run_date}
+            ))
 
 
 @dg.graph_multi_asset(
@@ -140,8 +159,8 @@ def report_customer_status(context: dg.OpExecutionContext, summary: dict, databa
 )
 def customer_status_sweep(customers):  # noqa: ANN001, ANN201 - a graph body: Dagster wires the nodes
     """The customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report."""
-    summary = summarise_sweep(plan_sweep().map(sweep_range).collect())
-    return report_customer_status(summary, customers=customers)
+    ranges = plan_sweep().map(sweep_range).collect()
+    return report_customer_status(summarise_sweep(ranges), ranges, customers=customers)
 subscription_status = dg.AssetSpec(
     "subscription_status",
     deps=["subscriptions", "enrollments"],

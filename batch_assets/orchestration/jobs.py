@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from batch_assets.orchestration.assets import SWEEP_ASSET_KEYS
+from batch_assets.orchestration.assets import SWEEP_ASSET_KEYS, report_customer_status
 from batch_assets.orchestration.celery import (
     CELERY_BROKER_VAR,
     DEFAULT_CELERY_BROKER,
@@ -32,10 +32,10 @@ __all__ = ["CELERY_BROKER_VAR", "DEFAULT_CELERY_BROKER", "JOBS", "celery_broker_
 SWEEP_TAGS = {"batch_assets/kind": "sweep"}
 
 
-@dg.graph(description="Customer-status sweep: plan cursor ranges, sweep each (mapped), summarise.")
+@dg.graph(description="Customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report.")
 def customer_status_sweep_graph() -> None:
-    tasks = plan_sweep()
-    summarise_sweep(tasks.map(sweep_range).collect())
+    ranges = plan_sweep().map(sweep_range).collect()
+    report_customer_status(summarise_sweep(ranges), ranges)
 
 
 customer_status_sweep_job = customer_status_sweep_graph.to_job(

@@ -53,6 +53,7 @@ def test_materializing_the_sweep_assets_runs_the_sweep_and_their_checks_in_one_r
     assert isinstance(status["duration_s"].value, float)
     assert {"failed", "changed", "unchanged"} <= set(status)
     assert "| age_category" in status["counts_by_category"].value  # a pandas-built table
+    assert status["cursor_ranges"].value.count("\n") == 3  # header, rule, one row per range
     assert {"no_overdue_active_customers", "review_triggers_unique", "outbox_backlog"} <= set(checks)
     assert checks["review_triggers_unique"].passed
     backlog = checks["outbox_backlog"].metadata

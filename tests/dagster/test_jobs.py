@@ -157,7 +157,7 @@ def test_reexecution_from_failure_resumes_the_unfinished_range_from_its_checkpoi
                 resumed.run_id, of_type=dg.DagsterEventType.STEP_START
             ).records
         }
-    assert started == {"sweep_range[r001_of_002]", "summarise_sweep"}
+    assert started == {"sweep_range[r001_of_002]", "summarise_sweep", "report_customer_status"}
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM ba_job_locks").scalar_one() == 0
 
