@@ -18,8 +18,9 @@ import sqlalchemy as sa
 
 from batch_assets.errors import ConfigError, LeaseLost, LockNotAcquired, LockStoreUnavailable
 from batch_assets.locking.heartbeat import Beat, Heartbeat
-from batch_assets.locking.lease import Lease, lease_owner, make_owner, steal_lease
+from batch_assets.locking.lease import Lease, lease_owner, steal_lease
 from batch_assets.locking.lock import JobLock, make_job_lock
+from batch_assets.locking.owner import make_owner
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +28,18 @@ __all__ = ["GuardSettings", "RunGuard", "job_guard", "steal_lease"]
 
 
 class GuardSettings(Protocol):
-    """The fields of SweepSettings that job_guard reads."""
+    """The fields of SweepSettings that job_guard reads (read-only, so frozen dataclasses conform)."""
 
-    lock_ttl_s: float
-    lock_min_s: float
-    lock_fail_open: bool
-    lease_ttl_s: float
-    heartbeat_s: float
+    @property
+    def lock_ttl_s(self) -> float: ...
+    @property
+    def lock_min_s(self) -> float: ...
+    @property
+    def lock_fail_open(self) -> bool: ...
+    @property
+    def lease_ttl_s(self) -> float: ...
+    @property
+    def heartbeat_s(self) -> float: ...
 
 
 class RunGuard:
@@ -77,6 +83,13 @@ def _check(settings: GuardSettings) -> None:
         raise ConfigError("must be shorter than lease_ttl_s", field="heartbeat_s")
     if settings.heartbeat_s >= settings.lock_ttl_s:
         raise ConfigError("must be shorter than lock_ttl_s", field="heartbeat_s")
+
+
+def heartbeat_grace(settings: GuardSettings, lock_held: bool = True) -> float:
+    """How long renewals may keep failing (store unreachable) before the run gives up: two heartbeats
+    short of the earliest expiry, so the run stops writing before its lease or lock could lapse."""
+    ttl = min(settings.lease_ttl_s, settings.lock_ttl_s) if lock_held else settings.lease_ttl_s
+    return max(0.0, ttl - 2 * settings.heartbeat_s)
 
 
 def lock_beat(lock: JobLock, job_key: str, owner: str, settings: GuardSettings) -> Beat:
@@ -142,7 +155,8 @@ def job_guard(
         beats: list[Beat] = [lease.heartbeat]
         if lock_held:
             beats.append(lock_beat(job_lock, job_key, owner, settings))
-        heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}").start()
+        heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}",
+                              grace_s=heartbeat_grace(settings, lock_held)).start()
         yield RunGuard(job_key, owner, lease, heartbeat, lock_held)
     finally:
         if heartbeat is not None:
