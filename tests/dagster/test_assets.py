@@ -83,7 +83,8 @@ def test_a_rules_change_swept_while_a_cli_sweep_holds_the_lock_ends_with_exactly
     seed_customers(engine, cipher, 60_000, run_date=date(2025, 6, 1), seed=21)
     cli = subprocess.Popen(
         [sys.executable, "-m", "batch_assets.cli", "sweep", "customer-status", "--mode", "full",
-         "--run-date", "2025-06-01", "--page-size", "100", "--workers", "1", "--ranges", "1"],
+         "--run-date", "2025-06-01", "--allow-distant-run-date", "--page-size", "100", "--workers", "1",
+         "--ranges", "1"],
         env=cli_env, stdout=(tmp_path / "cli.out").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
