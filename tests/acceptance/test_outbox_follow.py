@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _cli import EXIT_OK, CliProcess, assert_summary_keys, execute, scalar, wait_for
+from _cli import EXIT_OK, CliProcess, assert_summary_keys, execute, run_cli, scalar, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -45,3 +45,18 @@ def test_relay_follow_sends_events_written_while_it_runs_and_stops_cleanly_on_si
     ids = {m["idempotency_key"] for m in messages}
     assert len(ids) == 37 == scalar(engine, "SELECT count(*) FROM outbox_events")
     assert all(m["idempotency_key"] == str(m["id"]) for m in messages)
+
+
+def test_after_kill_9_of_a_following_relay_the_next_relay_is_not_locked_out(cli_env, engine, tmp_path):
+    """A relay killed with SIGKILL leaves its lock and lease behind; the next relay takes them over at once
+    (same host, process gone) instead of being skipped for lock-at-most-for, and relays what is pending."""
+    _write_events(engine, 5)
+    with CliProcess(cli_env, ["outbox", "relay", "--follow"], tmp_path) as relay:
+        wait_for(lambda: _sent(engine) == 5, timeout=120, what="the first events to be relayed", alive=relay)
+        relay.signal(signal.SIGKILL)
+        relay.wait(timeout=30)
+    assert scalar(engine, "SELECT count(*) FROM ba_job_locks WHERE name = 'outbox_relay' AND lock_until > now()") == 1
+    _write_events(engine, 3)
+    result = run_cli(cli_env, "outbox", "relay")
+    assert result.returncode == EXIT_OK, result.describe()
+    assert result.summary["status"] == "SUCCESS" and result.summary["sent"] == 3
