@@ -317,7 +317,6 @@ def follow_outbox(
     started = time.monotonic()
     sent = batches = failures = 0
     backoff = settings.backoff_s
-    last_error: str | None = None
     with _Listener(engine) as listener:
         while not stop.is_set() and alive():
             result = relay_outbox(engine, sink=sink, owner=owner, settings=settings, stop=stop)
@@ -327,14 +326,13 @@ def follow_outbox(
                 on_pass(result)
             if result.error:
                 failures += 1
-                last_error = result.error
                 stop.wait(backoff)
                 backoff = min(backoff * 2, settings.backoff_max_s)
                 continue
             backoff = settings.backoff_s
             listener.wait(settings.poll_s, stop)
-    return RelayResult(sent, batches, time.monotonic() - started, error=None if alive() else last_error,
-                       failures=failures)
+    # Send failures are retried, not fatal: they are counted, and the backlog check reports what is left.
+    return RelayResult(sent, batches, time.monotonic() - started, failures=failures)
 
 
 class _Listener:

@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
+import dataclasses
 import time
 from typing import Any
 
@@ -154,9 +155,13 @@ def drain_payment_queue(
 
 
 def _relay_summary(outcome: Any, run_id: str, *, follow: bool) -> dict[str, Any]:
-    """The relay's RelayResult as a CONTRACT §2 summary (scanned = changed = events sent)."""
-    failed_one_pass = outcome.error is not None and not follow
-    summary = empty_summary(FAILURE if failed_one_pass else SUCCESS, run_id)
+    """The relay's RelayResult as a CONTRACT §2 summary (scanned = changed = events sent).
+
+    One pass fails on its first send failure; follow mode retries those and fails only when it lost
+    its lock or lease.
+    """
+    failed = outcome.error is not None and (not follow or outcome.error == "LeaseLost")
+    summary = empty_summary(FAILURE if failed else SUCCESS, run_id)
     summary.update(
         scanned=outcome.sent,
         changed=outcome.sent,
@@ -165,7 +170,7 @@ def _relay_summary(outcome: Any, run_id: str, *, follow: bool) -> dict[str, Any]
         send_failures=outcome.failures,
         duration_s=round(outcome.duration_s, 3),
     )
-    if failed_one_pass:
+    if failed:
         summary["error"] = f"relay stopped by {outcome.error}; the batch stays PENDING"
         summary["failed_by_type"] = {outcome.error: 1}
     return summary
@@ -202,6 +207,8 @@ def relay_outbox_events(
                     engine, sink=sink, owner=guard.owner, settings=plan.engine, stop=STOP,
                     alive=lambda: guard.alive() and (deadline is None or time.monotonic() < deadline),
                 )
+                if not guard.alive():  # another relay took lock or lease over: this one must not go on
+                    outcome = dataclasses.replace(outcome, error="LeaseLost")
             else:
                 outcome = relay_outbox(engine, sink=sink, owner=guard.owner, settings=plan.engine, stop=STOP)
     except LockNotAcquired as exc:
