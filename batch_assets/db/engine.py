@@ -79,6 +79,13 @@ def get_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> sa.Engine:
         return engine
 
 
+def connected_engine(settings: Settings) -> sa.Engine:
+    """The process's engine for the configured database, after checking it answers (one-line error if not)."""
+    engine = get_engine(resolve_database_url(settings))
+    check_connection(engine)
+    return engine
+
+
 def dispose_engines() -> None:
     with _engines_lock:
         for engine in _engines.values():

@@ -302,18 +302,26 @@ class ExpiryConfig(dg.Config):
 @dataclass(frozen=True)
 class QueueDrainPlanSettings:
     max_seconds: float | None
+    drain: bool
     engine: Any
     """batch_assets.domains.payments.queue.QueueSettings"""
 
 
 class QueueDrainConfig(dg.Config):
-    """One drain of the payment queue (CONTRACT §7). 0 or missing = the documented default."""
+    """The payment worker (CONTRACT §7): a drain, or the resident worker. 0 or missing = the default."""
 
     concurrency: int = Field(default=0, description="Handler calls in flight, at most 256. 0 = 8.")
     max_seconds: float = Field(
-        default=0, description="Stop claiming new work after this many seconds. 0 = run until the queue is drained."
+        default=0, description="Stop claiming new work after this many seconds. 0 = no limit."
     )
-    batch_size: int = Field(default=0, description="Rows per claim, at most 10000. 0 = 50.")
+    batch_size: int = Field(
+        default=0, description="First claim batch (it adapts within 1..1000), at most 1000. 0 = 50."
+    )
+    drain: bool = Field(
+        default=True,
+        description="Exit once nothing is due. False = the resident worker: it waits for notifications "
+        "and runs until stopped (SIGTERM, run termination) or max_seconds.",
+    )
 
     @field_validator("concurrency", "batch_size")
     @classmethod
@@ -332,7 +340,7 @@ class QueueDrainConfig(dg.Config):
         _non_negative_int("batch_size", self.batch_size)
         max_seconds = _non_negative_number("max_seconds", self.max_seconds)
         engine = QueueSettings.build(concurrency=self.concurrency or None, batch_size=self.batch_size or None)
-        return QueueDrainPlanSettings(max_seconds=max_seconds or None, engine=engine)
+        return QueueDrainPlanSettings(max_seconds=max_seconds or None, drain=bool(self.drain), engine=engine)
 
     def validate_config(self) -> None:
         self.to_engine_settings()

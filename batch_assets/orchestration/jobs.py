@@ -69,7 +69,8 @@ def subscription_expiry_job() -> None:
     expire_subscriptions()
 
 
-@dg.job(description="Drain the payment queue once: claim due payments, call the limits service, record results.",
+@dg.job(description="The payment worker: drain the queue once (drain=True) or stay resident until stopped; "
+        "claim due payments, call the handler, record results in bulk.",
         tags={"batch_assets/kind": "queue"})
 def payment_queue_drain_job() -> None:
     drain_payment_queue()

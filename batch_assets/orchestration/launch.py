@@ -258,8 +258,8 @@ def release_after_failure(root_run_id: str, settings: Settings) -> None:
     (and a dead holder is taken over at once), and the run's outcome must still be reported.
     """
     from batch_assets.locking.lock import make_job_lock
+    from batch_assets.locking.run_guard import release_failed_run
     from batch_assets.orchestration.ops.sweep import SWEEP_JOB_KEY
-    from batch_assets.orchestration.run_guard import release_failed_run
 
     try:
         url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)

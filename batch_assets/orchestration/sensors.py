@@ -141,7 +141,7 @@ def payment_queue_drain(context: dg.SensorEvaluationContext) -> dg.SensorResult:
             dg.RunRequest(
                 run_key=f"drain-after:{previous}",
                 run_config=dg.RunConfig(
-                    ops={"drain_payment_queue": QueueDrainConfig(max_seconds=QUEUE_DRAIN_MAX_SECONDS)}
+                    ops={"drain_payment_queue": QueueDrainConfig(max_seconds=QUEUE_DRAIN_MAX_SECONDS, drain=True)}
                 ),
             )
         ]
@@ -197,7 +197,7 @@ def build_sensors(*, running: bool) -> list[dg.SensorDefinition]:
             minimum_interval_seconds=10,
             default_status=status,
             description=f"Starts the next payment queue drain {QUEUE_DRAIN_INTERVAL_S}s after the last one "
-            "finished; never two at once.",
+            "finished; never two at once, and none while a resident `queue work` run (the same job) is running.",
         )(payment_queue_drain),
         run_failure_alert_sensor,
         dg.run_status_sensor(

@@ -3,6 +3,7 @@
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
 import dataclasses
+import threading
 import time
 from typing import Any
 
@@ -12,10 +13,11 @@ import sqlalchemy as sa
 from batch_assets.alerts import send_alert
 from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import LockNotAcquired
+from batch_assets.errors import ConfigError, LockNotAcquired
 from batch_assets.orchestration.config import ExpiryConfig, OutboxRelayConfig, QueueDrainConfig
 from batch_assets.orchestration.metadata import counts_table, run_numbers
 from batch_assets.orchestration.ops.common import (
+    config_failure,
     empty_summary,
     finish,
     resolve_run_date,
@@ -117,41 +119,85 @@ def drain_payment_queue(
     config: QueueDrainConfig,
     database: DatabaseResource,
 ) -> dict:
-    """Process due payments until the queue is drained (or max_seconds pass)."""
-    from batch_assets.domains.payments.handler import default_handler
-    from batch_assets.domains.payments.worker import run_worker
+    """Process due payments: until nothing is due (drain), or resident until stopped or max_seconds."""
+    from batch_assets.domains.payments.handler import default_handler, plugin_spec_from_environment
+    from batch_assets.domains.payments.queue import queue_stats
+    from batch_assets.domains.payments.worker import BREAKER_CODES, run_worker
 
     started_at = utcnow()
     plan = validated_plan(config)
-    engine = database.get_engine(min_pool_size=plan.engine.concurrency + 2)
     settings = load_settings()
-    handler = default_handler(settings.limits_url, plan.engine.http_timeout_s, concurrency=plan.engine.concurrency)
+    try:  # an unimportable BATCH_ASSETS_PAYMENT_HANDLER fails the run before anything is claimed
+        handler = default_handler(
+            settings.limits_url, plan.engine.http_timeout_s, concurrency=plan.engine.concurrency,
+            plugin=plugin_spec_from_environment(),
+        )
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    # The worker runs on two connections of its own; the pool serves the bookkeeping around it.
+    engine = database.get_engine(min_pool_size=4)
     progress = OpProgress(context, label="payment queue", asset_key="payment_status")
-    try:
-        with stop_on_interrupt(), progress:
-            result = run_worker(
-                engine, plan.engine, handler=handler, stop=STOP, max_seconds=plan.max_seconds, drain=True,
+    with stop_on_interrupt(), progress:
+        result = _run_draining(
+            lambda: run_worker(
+                engine, plan.engine, handler=handler, stop=STOP, max_seconds=plan.max_seconds, drain=plan.drain,
                 progress=progress,
-            )
-    finally:
-        handler.close()
+            ),
+            grace_s=plan.engine.drain_timeout_s + 30,
+        )
     summary = finish(context, engine, summary=result.to_summary(context.run_id), started_at=started_at)
-    counts, table = status_counts(engine, PAYMENT_COUNTS)
+    stats = queue_stats(engine)
+    _, table = status_counts(engine, PAYMENT_COUNTS)
     context.log_event(
         dg.AssetMaterialization(
             asset_key="payment_status",
-            description="payment queue drain",
+            description="payment queue drain" if plan.drain else "resident payment worker",
+            # Numbers, so the UI's Plots tab charts them across drains.
             metadata={
                 "done": summary["changed"],
                 "retried": int(summary.get("retried") or 0),
                 "failed": summary["failed"],
-                "dlq_size": int(summary.get("dlq_size") or counts.get("FAILED", 0)),
+                "throughput_per_s": float(result.per_s),
+                "oldest_due_s": float(stats["oldest_due_s"]),
+                "dlq_size": int(stats["dlq_size"]),
+                "breaker_state": BREAKER_CODES[result.breaker],
+                "breaker": dg.MetadataValue.text(result.breaker),
+                "breaker_opened": result.breaker_opened,
                 "payments_by_status": table,
                 "duration_s": summary["duration_s"],
             },
         )
     )
     return summary
+
+
+def _run_draining(fn: Any, *, grace_s: float) -> Any:
+    """Run the worker in a thread of its own and wait for it here.
+
+    A run termination (Dagster raises DagsterExecutionInterruptedError on the op's thread) then
+    lands in this wait, not inside the worker's event loop: STOP is set, the worker gives back its
+    claims and writes its results (up to `grace_s`), and only then does the interruption go on.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # re-raised on the op's thread below
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="payment-worker", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        STOP.set()
+        worker.join(grace_s)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _relay_summary(outcome: Any, run_id: str, *, follow: bool) -> dict[str, Any]:

@@ -26,6 +26,13 @@ from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import BatchAssetsError, LockNotAcquired
+from batch_assets.locking.run_guard import (
+    acquire_run_lock,
+    joined_guard,
+    release_failed_run,
+    release_run_lock,
+    run_owner,
+)
 from batch_assets.orchestration.config import SweepConfig
 from batch_assets.orchestration.ops.common import (
     empty_summary,
@@ -43,13 +50,6 @@ from batch_assets.orchestration.resources import (
     DatabaseResource,
     EncryptionResource,
     JobLockResource,
-)
-from batch_assets.orchestration.run_guard import (
-    acquire_run_lock,
-    joined_guard,
-    release_failed_run,
-    release_run_lock,
-    run_owner,
 )
 from batch_assets.shutdown import STOP
 
