@@ -317,8 +317,9 @@ def test_materialize_customer_status_through_graphql_runs_the_sweep_and_shows_ch
     dagster_dev: tuple[int, Path], engine: sa.Engine, cipher: DobCipher
 ) -> None:
     """"Materialize" (GraphQL, as the UI sends it) on 1k rows succeeds; the asset shows its check results."""
-    from batch_assets.seed import seed_customers
     from dagster_graphql import DagsterGraphQLClient
+
+    from batch_assets.domains.customer_status.seed import seed_customers
 
     seed_customers(engine, cipher, 1_000, run_date=date(2025, 6, 1), seed=5)
     port, home = dagster_dev
