@@ -45,6 +45,9 @@ outbox_events = sa.Table(
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("created_at", TZ, nullable=False),
     sa.Column("sent_at", TZ, nullable=True),
+    sa.Column("claimed_by", sa.Text, nullable=True),
+    sa.Column("claimed_until", TZ, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
     sa.Index("outbox_events_pending_idx", "id"),
 )
 

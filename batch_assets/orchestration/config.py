@@ -350,16 +350,38 @@ class QueueDrainConfig(dg.Config):
 
 
 @dataclass(frozen=True)
-class RelaySettings:
+class RelayPlanSettings:
     batch_size: int
+    follow: bool
+    follow_seconds: float | None
+    engine: Any
+    """batch_assets.outbox.relay.RelaySettings"""
+
+
+MAX_FOLLOW_SECONDS = 7 * 24 * 3600
 
 
 class OutboxRelayConfig(dg.Config):
-    """One pass of the outbox relay (PENDING → sink → SENT). 0 or missing = the documented default."""
+    """The outbox relay (PENDING → sink → SENT). 0 or missing = the documented default."""
 
     batch_size: int = Field(
         default=0,
         description=f"Events per batch, at most {MAX_RELAY_BATCH_SIZE}. 0 = {DEFAULT_RELAY_BATCH_SIZE}.",
+    )
+    follow: bool = Field(
+        default=False,
+        description="Keep relaying, woken by a PostgreSQL notification on every new event, until stopped "
+        "(or follow_seconds pass). Default false: one pass until nothing is pending.",
+    )
+    follow_seconds: float = Field(
+        default=0, description=f"With follow: stop after this many seconds. 0 = until stopped; at most "
+        f"{MAX_FOLLOW_SECONDS}."
+    )
+    claim_lease_s: float = Field(
+        default=0, description="Claim lease of a batch (s); another relay may take it after. 0 = 60."
+    )
+    send_timeout_s: float = Field(
+        default=0, description="Timeout of one send to the sink (s), below claim_lease_s. 0 = 10."
     )
 
     @field_validator("batch_size")
@@ -369,9 +391,27 @@ class OutboxRelayConfig(dg.Config):
             lambda n, v: _non_negative_int(n, v, maximum=MAX_RELAY_BATCH_SIZE), "batch_size", value
         )
 
-    def to_engine_settings(self) -> RelaySettings:
+    @field_validator("follow_seconds", "claim_lease_s", "send_timeout_s")
+    @classmethod
+    def _seconds(cls, value: float, info: Any) -> float:
+        return _pydantic_check(_non_negative_number, info.field_name, value)
+
+    def to_engine_settings(self) -> RelayPlanSettings:
+        from batch_assets.outbox.relay import RelaySettings
+
         size = _non_negative_int("batch_size", self.batch_size, maximum=MAX_RELAY_BATCH_SIZE)
-        return RelaySettings(batch_size=size or DEFAULT_RELAY_BATCH_SIZE)
+        follow_seconds = _non_negative_number("follow_seconds", self.follow_seconds)
+        if follow_seconds > MAX_FOLLOW_SECONDS:
+            raise ConfigError(f"must be at most {MAX_FOLLOW_SECONDS}, got {follow_seconds}", field="follow_seconds")
+        lease = _non_negative_number("claim_lease_s", self.claim_lease_s) or RelaySettings.claim_lease_s
+        timeout = _non_negative_number("send_timeout_s", self.send_timeout_s) or RelaySettings.send_timeout_s
+        engine = RelaySettings(
+            batch_size=size or DEFAULT_RELAY_BATCH_SIZE, claim_lease_s=lease, send_timeout_s=timeout
+        ).check()
+        return RelayPlanSettings(
+            batch_size=engine.batch_size, follow=bool(self.follow), follow_seconds=follow_seconds or None,
+            engine=engine,
+        )
 
     def validate_config(self) -> None:
         self.to_engine_settings()
