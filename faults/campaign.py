@@ -69,7 +69,7 @@ class Sizes:
     fuzz: str  # "all" | "some"
 
 
-QUICK = Sizes(customers=60_000, subscriptions=20_000, payments=1_500, recovery_bound_s=75, fuzz="some")
+QUICK = Sizes(customers=20_000, subscriptions=10_000, payments=800, recovery_bound_s=60, fuzz="some")
 FULL = Sizes(customers=120_000, subscriptions=40_000, payments=3_000, recovery_bound_s=200, fuzz="all")
 
 
@@ -474,7 +474,9 @@ class Campaign:
                     "ORDER BY md5(id::text || %(seed)s) LIMIT greatest(1, (SELECT count(*) FROM customers) / 300)",
                     {"seed": str(res.seed), "rd": self.run_date, "all": res.spec.mode != "delta"},
                 ).rowcount
-                conn.exec_driver_sql("""CREATE FUNCTION faults_poison_raise() RETURNS trigger LANGUAGE plpgsql AS $$
+                # SECURITY DEFINER: the product's role must not need rights on the campaign's table.
+                conn.exec_driver_sql("""CREATE FUNCTION faults_poison_raise() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public AS $$
 BEGIN
     IF EXISTS (SELECT 1 FROM faults_poison WHERE id = NEW.id) THEN
         RAISE EXCEPTION 'faults: write refused for this row';
