@@ -117,3 +117,38 @@ def _is_query_error(exc: sa.exc.OperationalError) -> bool:
     # Timeouts and lock-timeouts are per-statement failures, not reachability.
     sqlstate = getattr(getattr(exc, "orig", None), "sqlstate", None) or ""
     return sqlstate.startswith("57014") or sqlstate == "55P03" or sqlstate.startswith("40")
+
+
+# SQLSTATE classes of failures that say nothing about the statement or the row: the connection or
+# the server went away, is restarting or overloaded, or the statement hit a timeout, a lock timeout,
+# a deadlock or a serialization conflict. Retrying the same transaction later can succeed.
+TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57", "40", "58")
+TRANSIENT_SQLSTATES = frozenset({"55P03", "25P03", "25006"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a failure of the connection, the server or a timeout; False for one caused by the statement's data.
+
+    Transient: connection loss and server restarts (whatever SQLAlchemy layer reports them:
+    `OperationalError`, `InterfaceError`, an invalidated connection, or `PendingRollbackError` /
+    `InvalidRequestError` / `ResourceClosedError` on a connection whose transaction died with it),
+    `statement_timeout`, `lock_timeout`, deadlocks and `DatabaseUnavailable`. Not transient: a
+    constraint violation, bad data, a trigger that raised for the row.
+    """
+    if isinstance(exc, DatabaseUnavailable):
+        return True
+    if isinstance(exc, sa.exc.DBAPIError):
+        if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+            return True
+        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
+        return sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES or sqlstate in TRANSIENT_SQLSTATES
+    # Not a driver error but the connection's state after one (e.g. "Can't reconnect until invalid
+    # transaction is rolled back", "This Connection is closed").
+    return isinstance(exc, sa.exc.PendingRollbackError | sa.exc.InvalidRequestError | sa.exc.ResourceClosedError)
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: first line` of an error (the driver's own error for SQLAlchemy wrappers); never more than one line."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0].strip()}" if lines else type(cause).__name__

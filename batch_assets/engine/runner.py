@@ -22,10 +22,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from batch_assets.db.engine import error_text, is_transient
 from batch_assets.engine.definition import (
     FULL_RANGE,
     CheckpointStoreLike,
@@ -67,6 +68,15 @@ PIN_READ_PLAN_SQL = (
 UNPIN_READ_PLAN_SQL = "RESET enable_bitmapscan; RESET enable_sort"
 
 MIN_ADAPTIVE_PAGE = 50
+MAX_RETRY_BACKOFF_S = 8.0
+
+T = TypeVar("T")
+
+
+class PageNotDone(Exception):
+    """A page could not be read or written for a reason that is not the rows' own (the database went
+    away and did not come back within the retries, or the run was asked to stop while retrying).
+    The page is not done: the low watermark stays before it and the run ends FAILURE, resumable."""
 
 ProgressCallback = Callable[[dict[str, Any]], None]
 
@@ -120,6 +130,7 @@ class _Run:
         self.counters = Counters()
         self._last_save = float("-inf")
         self._saved = True
+        self._reader: sa.Connection | None = None
         self.limit = settings.page_size
         self.page_timeouts = {
             "statement_timeout": _ms(settings.page_timeout_s),
@@ -139,15 +150,13 @@ class _Run:
         window: deque[tuple[Future[tuple[PageCounts, float]], Cursor]] = deque()
         reason: str | None = None
         advance = True  # False once the breaker tripped: later pages must not move the low watermark
-        reader = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        reader.exec_driver_sql(PIN_READ_PLAN_SQL)
         prefetch = ThreadPoolExecutor(1, thread_name_prefix=f"{self.definition.name}-prefetch")
         pool = ThreadPoolExecutor(self.settings.workers, thread_name_prefix=f"{self.definition.name}-worker")
         log.info(
             "sweep %s started: run_id=%s mode=%s run_date=%s range=%s resumed_from=%s",
             self.definition.name, self.ctx.run_id, self.ctx.mode, self.ctx.run_date, self.range_key, resumed_from,
         )
-        next_read: Future[tuple[list, int]] | None = prefetch.submit(self._read, reader, cursor, self.limit)
+        next_read: Future[tuple[list, int]] | None = prefetch.submit(self._read, cursor, self.limit)
         try:
             try:
                 while next_read is not None and reason is None:
@@ -156,8 +165,8 @@ class _Run:
                         break
                     try:
                         rows, limit = next_read.result()
-                    except sa.exc.DBAPIError as exc:
-                        reason = f"page read failed: {type(getattr(exc, 'orig', exc)).__name__}"
+                    except Exception as exc:  # retries are spent (or a defect): stop, resumable
+                        reason = f"page read failed: {exc}"
                         next_read = None
                         break
                     if not rows:
@@ -165,7 +174,7 @@ class _Run:
                         break
                     end = self.definition.cursor_of(rows[-1])
                     # Keyset: the next page starts after this page's last row, read while workers compute.
-                    next_read = prefetch.submit(self._read, reader, end, self.limit) if len(rows) >= limit else None
+                    next_read = prefetch.submit(self._read, end, self.limit) if len(rows) >= limit else None
                     window.append((pool.submit(self._process_page, rows), end))
                     del rows
                     while len(window) >= self.settings.window and reason is None:
@@ -188,15 +197,15 @@ class _Run:
                 next_read.cancel()
             prefetch.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=reason is None, cancel_futures=True)
+            self._close_reader()
+        if reason is None and self.checkpoints is not None:
             try:
-                reader.exec_driver_sql(UNPIN_READ_PLAN_SQL)
-            except sa.exc.DBAPIError:
-                reader.invalidate()  # never hand a pinned session back to the pool
-            reader.close()
+                self._retrying("completion record", lambda: self.checkpoints.complete(
+                    self.definition.name, self.ctx.mode, self.range_key))
+            except PageNotDone as exc:
+                reason = f"the range finished but its completion was not recorded: {exc}"
         status = SUCCESS if reason is None else FAILURE
-        if status == SUCCESS and self.checkpoints is not None:
-            self.checkpoints.complete(self.definition.name, self.ctx.mode, self.range_key)
-        elif not self._saved and last_cursor is not None:
+        if status == FAILURE and not self._saved and last_cursor is not None:
             # Checkpoints are throttled (checkpoint_every_s); a run that stops leaves the exact low watermark.
             self._save_checkpoint(last_cursor)
         result = self._result(status, reason, resumed_from, last_cursor, time.monotonic() - started)
@@ -263,6 +272,9 @@ class _Run:
         except LeaseLost:
             window.popleft()
             return "lease lost", False, last_cursor
+        except PageNotDone as exc:
+            window.popleft()
+            return f"page not done: {exc}", False, last_cursor
         except Exception as exc:  # a defect or an unreachable database: stop, keep the checkpoint resumable
             window.popleft()
             log.error("sweep %s: page failed: %s", self.definition.name, type(exc).__name__, exc_info=True)
@@ -284,24 +296,75 @@ class _Run:
             self._saved = False
             now = time.monotonic()
             if now - self._last_save >= self.settings.checkpoint_every_s:
-                self._save_checkpoint(end)
-                self._last_save, self._saved = now, True
+                self._last_save = now
+                self._saved = self._save_checkpoint(end)
         self._after_page(seconds)
         return reason, advance, last_cursor
 
-    def _save_checkpoint(self, cursor: Cursor) -> None:
+    def _save_checkpoint(self, cursor: Cursor) -> bool:
+        """Record the low watermark; False (and a warning) when the database does not take it.
+
+        A checkpoint that could not be written leaves the older, lower one in place, which is
+        always safe: a resume repeats finished pages, which are no-ops.
+        """
         if self.checkpoints is None:
-            return
-        self.checkpoints.save(
-            self.definition.name,
-            self.ctx.mode,
-            self.range_key,
-            cursor=cursor,
-            fingerprint=self.ctx.fingerprint,
-            run_id=self.ctx.run_id,
-            run_date=self.ctx.run_date,
-            counters=self.counters.snapshot(),
-        )
+            return True
+        store = self.checkpoints
+
+        def save() -> None:
+            store.save(
+                self.definition.name,
+                self.ctx.mode,
+                self.range_key,
+                cursor=cursor,
+                fingerprint=self.ctx.fingerprint,
+                run_id=self.ctx.run_id,
+                run_date=self.ctx.run_date,
+                counters=self.counters.snapshot(),
+            )
+
+        try:
+            self._retrying("checkpoint", save, retries=1)
+        except PageNotDone as exc:
+            log.warning("sweep %s: low watermark not recorded (the previous checkpoint stays): %s",
+                        self.definition.name, exc)
+            return False
+        return True
+
+    # Transient failures ----------------------------------------------------------
+
+    def _retrying(self, what: str, work: Callable[[], T], *, retries: int | None = None) -> T:
+        """`work()`, retried with exponential backoff while it fails for a transient reason.
+
+        A failure caused by the statement or its data is raised as it is. A transient one that
+        outlasts the retries, or one that happens while the run is stopping, raises PageNotDone.
+        """
+        retries = self.settings.transient_retries if retries is None else retries
+        delay = self.settings.retry_backoff_s
+        for attempt in range(retries + 1):
+            try:
+                return work()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if attempt >= retries or self._stopping():
+                    raise PageNotDone(f"{what}: {error_text(exc)} (after {attempt + 1} attempt(s))") from exc
+                log.warning("sweep %s: %s failed (%s); retry %d/%d in %.1fs", self.definition.name, what,
+                            error_text(exc), attempt + 1, retries, delay)
+                if self._wait(delay):
+                    raise PageNotDone(f"{what}: {error_text(exc)} (stopping)") from exc
+                delay = min(delay * 2, MAX_RETRY_BACKOFF_S)
+        raise AssertionError("unreachable")
+
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep `seconds`, or less when the run is asked to stop; True if it was."""
+        if self.stop is None:
+            time.sleep(seconds)
+            return False
+        return self.stop.wait(seconds)
 
     def _after_page(self, seconds: float) -> None:
         snapshot = self.counters.snapshot()
@@ -350,9 +413,49 @@ class _Run:
 
     # The prefetch thread ------------------------------------------------------
 
-    def _read(self, conn: sa.Connection, cursor: Cursor | None, limit: int) -> tuple[list, int]:
+    def _read(self, cursor: Cursor | None, limit: int) -> tuple[list, int]:
         # Autocommit: the read holds no transaction; one round trip returns the whole (LIMIT-sized) page.
-        return self.definition.read_page(conn, cursor, limit, self.cursor_range), limit
+        # A lost connection is replaced (and re-pinned) and the read retried; the page is read again
+        # from the same cursor, so nothing is skipped.
+        def read() -> list:
+            try:
+                return self.definition.read_page(self._reader_conn(), cursor, limit, self.cursor_range)
+            except Exception as exc:
+                if is_transient(exc):
+                    self._drop_reader()
+                raise
+
+        return self._retrying("page read", read), limit
+
+    def _reader_conn(self) -> sa.Connection:
+        if self._reader is None:
+            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                conn.exec_driver_sql(PIN_READ_PLAN_SQL)
+            except BaseException:
+                conn.invalidate()
+                conn.close()
+                raise
+            self._reader = conn
+        return self._reader
+
+    def _drop_reader(self) -> None:
+        """Forget a reader whose connection failed (invalidated: never back into the pool)."""
+        conn, self._reader = self._reader, None
+        if conn is not None:
+            _discard(conn)
+
+    def _close_reader(self) -> None:
+        """Unpin the reader's session and give it back; a broken one is invalidated instead."""
+        conn, self._reader = self._reader, None
+        if conn is None:
+            return
+        try:
+            conn.exec_driver_sql(UNPIN_READ_PLAN_SQL)
+        except Exception:  # any failure (driver, or SQLAlchemy's state after one): never pool a pinned session
+            _discard(conn)
+            return
+        conn.close()
 
     # Worker threads --------------------------------------------------------
 
@@ -405,61 +508,114 @@ class _Run:
             conn.exec_driver_sql(SET_LOCAL_TIMEOUTS_SQL, timeouts)
 
     def _write(self, changed: list[RowOutcome], page: PageCounts) -> None:
+        """Side effects, then the page write; on a failure caused by the rows, one transaction per row.
+
+        Every transaction is all or nothing and counted only once it committed, so a transaction that
+        failed for a transient reason (connection lost, server restarting, timeout) is simply run again
+        on a fresh connection (`_retrying`). When the retries are spent, PageNotDone leaves the page
+        unfinished: the low watermark never passes it and the run ends FAILURE, resumable.
+        """
         definition = self.definition
         successes = sum(1 for outcome in changed if outcome.failure is None)
-        try:
-            conn = self.engine.connect()
-        except sa.exc.DBAPIError as exc:
-            log.warning("sweep %s: no connection for a page write: %s", definition.name, type(exc.orig).__name__)
-            page.fail(WRITE_ERROR, successes)
-            return
-        with conn:
+        with _PageConnection(self.engine) as held:
             # 1. Side effects that must survive a failed page, in their own short transaction, first:
             #    if the page write then fails, the stored row still differs and the next run redoes both.
             side_effects_done = not definition.needs_side_effects(changed)
             try:
                 if not side_effects_done:
-                    with conn.begin():
-                        self._begin(conn, self.page_timeouts)
-                        page.triggers += definition.write_side_effects(conn, changed)
+                    page.triggers += held.transaction(
+                        self, "side-effect write", self.page_timeouts,
+                        lambda conn: definition.write_side_effects(conn, changed),
+                    )
                     side_effects_done = True
             except sa.exc.DBAPIError as exc:
                 log.warning("sweep %s: side-effect write failed (%s); retrying row by row", definition.name,
-                            type(exc.orig).__name__)
+                            error_text(exc))
             # 2. The page write: data + stamp + outbox in one transaction with its own timeouts.
             if side_effects_done:
                 try:
-                    with conn.begin():
-                        self._begin(conn, self.page_timeouts)
-                        counts = definition.write_page(conn, changed)
+                    counts = held.transaction(
+                        self, "page write", self.page_timeouts, lambda conn: definition.write_page(conn, changed)
+                    )
                     page.changed += counts.rows
                     page.audit_events += counts.audit_events
                     page.unchanged += successes - counts.rows  # changed concurrently since the read: left alone
                     return
                 except sa.exc.DBAPIError as exc:
                     log.warning("sweep %s: page write failed (%s); retrying row by row", definition.name,
-                                type(exc.orig).__name__)
-            # 3. Fallback: one short transaction per row; a failed row keeps its stored (due) state.
+                                error_text(exc))
+            # 3. Fallback: one short transaction per row; a row that fails for its own reason keeps its
+            #    stored (due) state and is counted; a transient failure that outlasts the retries stops the page.
             for outcome in changed:
-                self._write_one(conn, outcome, page, side_effects_done)
+                self._write_one(held, outcome, page, side_effects_done)
 
-    def _write_one(self, conn: sa.Connection, outcome: RowOutcome, page: PageCounts, side_effects_done: bool) -> None:
+    def _write_one(
+        self, held: _PageConnection, outcome: RowOutcome, page: PageCounts, side_effects_done: bool
+    ) -> None:
         definition = self.definition
         try:
             if not side_effects_done and definition.needs_side_effects((outcome,)):
-                with conn.begin():
-                    self._begin(conn, self.row_timeouts)
-                    page.triggers += definition.write_side_effects(conn, (outcome,))
-            with conn.begin():
-                self._begin(conn, self.row_timeouts)
-                counts = definition.write_row(conn, outcome)
-        except sa.exc.DBAPIError as exc:
+                page.triggers += held.transaction(
+                    self, "row side-effect write", self.row_timeouts,
+                    lambda conn: definition.write_side_effects(conn, (outcome,)),
+                )
+            counts = held.transaction(
+                self, "row write", self.row_timeouts, lambda conn: definition.write_row(conn, outcome)
+            )
+        except sa.exc.DBAPIError as exc:  # not transient (is_transient ones are retried, then PageNotDone)
             if outcome.failure is None:
                 page.fail(WRITE_ERROR)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("sweep %s: row write failed: %s", definition.name, type(exc.orig).__name__)
+                log.debug("sweep %s: row write failed: %s", definition.name, error_text(exc))
             return
         if outcome.failure is None:
             page.changed += counts.rows
             page.audit_events += counts.audit_events
             page.unchanged += 1 - counts.rows
+
+
+def _discard(conn: sa.Connection) -> None:
+    """Invalidate and close a connection whose state is unknown after a failure."""
+    try:
+        conn.invalidate()
+    except Exception as exc:  # already invalidated or closed; nothing else to give back
+        log.debug("invalidate after a failure: %s", error_text(exc))
+    try:
+        conn.close()
+    except Exception as exc:
+        log.debug("close after a failure: %s", error_text(exc))
+
+
+class _PageConnection:
+    """The one connection a page's transactions use, replaced by a fresh one after a transient failure."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.conn: sa.Connection | None = None
+
+    def __enter__(self) -> _PageConnection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+    def transaction(self, run: _Run, what: str, timeouts: dict[str, str], work: Callable[[sa.Connection], T]) -> T:
+        """`work(conn)` in one transaction (fenced, with `timeouts`), retried on transient failures."""
+
+        def once() -> T:
+            if self.conn is None:
+                self.conn = self.engine.connect()
+            conn = self.conn
+            try:
+                with conn.begin():
+                    run._begin(conn, timeouts)
+                    return work(conn)
+            except Exception as exc:
+                if is_transient(exc):
+                    self.conn = None
+                    _discard(conn)
+                raise
+
+        return run._retrying(what, once)

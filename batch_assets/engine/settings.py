@@ -16,9 +16,39 @@ from batch_assets.errors import ConfigError
 MAX_PAGE_SIZE = 1000
 """Upper bound of a page: an IN list / unnest array stays within the classic 1,000 limit."""
 
+MAX_WORKERS = 32
+MAX_POOL_SIZE = 64
+"""A range's connection budget: with several ranges in parallel (multiprocess) the server's
+max_connections is the real bound, checked before launch (orchestration.preflight)."""
+
+MAXIMA: dict[str, float] = {
+    "page_size": MAX_PAGE_SIZE,
+    "workers": MAX_WORKERS,
+    "window": 4 * MAX_WORKERS,
+    "pool_size": MAX_POOL_SIZE,
+    "breaker_min_rows": 10_000_000,
+    "summary_every_pages": 1_000_000,
+    "transient_retries": 20,
+    "page_timeout_s": 3600,
+    "row_timeout_s": 3600,
+    "lock_timeout_s": 3600,
+    "heartbeat_s": 3600,
+    "lease_ttl_s": 86_400,
+    "lock_ttl_s": 86_400,
+    "lock_min_s": 86_400,
+    "drain_timeout_s": 3600,
+    "checkpoint_every_s": 3600,
+    "retry_backoff_s": 60,
+}
+"""Upper bound of every numeric knob (a mistyped value fails before the run, never halfway)."""
+
 PREFETCH_CONNECTIONS = 1
 SIDE_EFFECT_CONNECTIONS = 1
 HEARTBEAT_CONNECTIONS = 1
+
+
+ZERO_ALLOWED = frozenset({"lock_min_s"})
+"""Knobs for which 0 is a value (no minimum hold), not "the default"."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +71,10 @@ class SweepSettings:
     drain_timeout_s: float = 30
     adaptive_page_size: bool = False
     pool_size: int = 10
+    transient_retries: int = 5
+    """Retries of a read or write transaction that failed for a transient reason (connection lost, server
+    restarting, timeout), with exponential backoff from retry_backoff_s; then the run stops, resumable."""
+    retry_backoff_s: float = 0.5
 
     @classmethod
     def build(cls, **kwargs: Any) -> SweepSettings:
@@ -50,7 +84,7 @@ class SweepSettings:
         for name, value in kwargs.items():
             if name not in known:
                 raise ConfigError("unknown sweep setting", field=name)
-            if value is None or (value == 0 and not isinstance(value, bool) and name != "lock_min_s"):
+            if value is None or (value == 0 and not isinstance(value, bool) and name not in ZERO_ALLOWED):
                 continue
             values[name] = value
         settings = cls(**values)
@@ -63,8 +97,10 @@ class SweepSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
-        if self.page_size > MAX_PAGE_SIZE:
-            raise ConfigError(f"must be at most {MAX_PAGE_SIZE}, got {self.page_size}", field="page_size")
+        if isinstance(self.transient_retries, bool) or not isinstance(self.transient_retries, int) or (
+            self.transient_retries < 0
+        ):
+            raise ConfigError(f"must be a whole number >= 0, got {self.transient_retries!r}", field="transient_retries")
         for name in (
             "page_timeout_s",
             "row_timeout_s",
@@ -74,12 +110,17 @@ class SweepSettings:
             "lock_ttl_s",
             "drain_timeout_s",
             "checkpoint_every_s",
+            "retry_backoff_s",
         ):
             _positive_number(name, getattr(self, name))
         if isinstance(self.lock_min_s, bool) or not isinstance(self.lock_min_s, int | float) or not (
             math.isfinite(self.lock_min_s) and self.lock_min_s >= 0
         ):
             raise ConfigError(f"must be a number >= 0, got {self.lock_min_s!r}", field="lock_min_s")
+        for name, maximum in MAXIMA.items():
+            value = getattr(self, name)
+            if value > maximum:
+                raise ConfigError(f"must be at most {maximum}, got {value!r}", field=name)
         ratio = self.breaker_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not (0 < ratio <= 1):
             raise ConfigError(f"must be in (0, 1], got {ratio!r}", field="breaker_ratio")

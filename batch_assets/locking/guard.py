@@ -18,8 +18,9 @@ import sqlalchemy as sa
 
 from batch_assets.errors import ConfigError, LeaseLost, LockNotAcquired, LockStoreUnavailable
 from batch_assets.locking.heartbeat import Beat, Heartbeat
-from batch_assets.locking.lease import Lease, lease_owner, make_owner, steal_lease
+from batch_assets.locking.lease import Lease, lease_owner, steal_lease
 from batch_assets.locking.lock import JobLock, make_job_lock
+from batch_assets.locking.owner import make_owner
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,18 @@ FOR UPDATE, and DELETE always does. tests/integration/test_lease.py checks both.
 
 from __future__ import annotations
 
-import os
-import socket
+import logging
 from collections.abc import Mapping
 
 import sqlalchemy as sa
 
 from batch_assets.db.engine import translate_errors
 from batch_assets.errors import LeaseLost
+from batch_assets.locking.owner import make_owner, provably_dead
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Lease", "lease_owner", "make_owner", "steal_lease"]
 
 # The page transaction's preamble in one round trip: SET LOCAL both timeouts (set_config(..., true))
 # and fence the lease. :statement_timeout, :lock_timeout (text, e.g. '30000ms'), :name, :owner
@@ -76,6 +80,21 @@ FENCE_SQL = sa.text(
 # :name, :owner
 RELEASE_SQL = sa.text("DELETE FROM ba_leases WHERE name = :name AND owner = :owner RETURNING owner")
 
+# :name, :dead, :owner, :ttl_s. Takeover from a holder that is provably dead (locking.owner). The row is
+# locked FOR UPDATE first, which (unlike the UPDATE of non-key columns alone) waits for any page
+# transaction that still fences the lease with FOR KEY SHARE.
+TAKE_OVER_DEAD_SQL = sa.text(
+    """
+    WITH dead AS (SELECT name FROM ba_leases WHERE name = :name AND owner = :dead FOR UPDATE)
+    UPDATE ba_leases AS l
+       SET owner = :owner, acquired_at = now(), heartbeat_at = now(),
+           expires_at = now() + make_interval(secs => :ttl_s)
+      FROM dead
+     WHERE l.name = dead.name AND l.owner = :dead
+    RETURNING l.owner
+    """
+).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
+
 # :name
 OWNER_SQL = sa.text("SELECT owner FROM ba_leases WHERE name = :name AND expires_at > now()")
 
@@ -93,11 +112,6 @@ STEAL_SQL = sa.text(
 ).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
 
 
-def make_owner(run_id: str) -> str:
-    """The owner string of this process for a run: "<run_id>@<host>:<pid>"."""
-    return f"{run_id}@{socket.gethostname()}:{os.getpid()}"
-
-
 class Lease:
     """One named lease held by one owner, renewed by heartbeats, expiring on the database clock."""
 
@@ -113,9 +127,20 @@ class Lease:
         return {"name": self.name, "owner": self.owner, "ttl_s": self.ttl_s}
 
     def acquire(self) -> bool:
-        """Take the lease if it is absent, expired or already ours; False if another live owner holds it."""
+        """Take the lease if it is absent, expired, already ours or held by a provably dead process;
+        False if another live owner holds it."""
         with translate_errors(self.engine), self.engine.begin() as conn:
-            return conn.execute(ACQUIRE_SQL, self._params()).first() is not None
+            if conn.execute(ACQUIRE_SQL, self._params()).first() is not None:
+                return True
+        holder = lease_owner(self.engine, self.name)
+        if not provably_dead(holder):
+            return False
+        with translate_errors(self.engine), self.engine.begin() as conn:
+            taken = conn.execute(TAKE_OVER_DEAD_SQL, {**self._params(), "dead": holder}).first() is not None
+        if taken:
+            log.warning("lease %r: holder %s is gone (same host, process ended); taken over by %s",
+                        self.name, holder, self.owner)
+        return taken
 
     def heartbeat(self) -> bool:
         """Renew the lease to now + ttl; False if it expired or another owner holds it."""

@@ -12,6 +12,7 @@ never from this process, so clock skew between hosts cannot break exclusion.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
@@ -23,6 +24,9 @@ from redis.retry import Retry
 
 from batch_assets.db.engine import describe_target
 from batch_assets.errors import LockStoreUnavailable
+from batch_assets.locking.owner import provably_dead
+
+log = logging.getLogger(__name__)
 
 REDIS_KEY_PREFIX = "batch_assets:lock:"
 
@@ -46,6 +50,10 @@ class JobLock(Protocol):
     def holder(self, name: str) -> str | None:
         """The owner of a live lock, or None."""
         ...
+
+
+def _log_takeover(name: str, dead: str | None, owner: str) -> None:
+    log.warning("job lock %r: holder %s is gone (same host, process ended); taken over by %s", name, dead, owner)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -98,6 +106,19 @@ RELEASE_SQL = sa.text(
     """
 )
 
+# :name, :dead, :owner, :ttl_s, :min_s. Takeover from a holder that is provably dead (locking.owner),
+# never before its lock-at-least-for time.
+TAKE_OVER_DEAD_SQL = sa.text(
+    """
+    UPDATE ba_job_locks
+       SET owner = :owner, locked_at = now(),
+           lock_until = now() + make_interval(secs => greatest(:ttl_s, :min_s)),
+           min_until = now() + make_interval(secs => :min_s)
+     WHERE name = :name AND owner = :dead AND min_until <= now()
+    RETURNING owner
+    """
+).bindparams(sa.bindparam("ttl_s", type_=sa.Float), sa.bindparam("min_s", type_=sa.Float))
+
 # :name
 HOLDER_SQL = sa.text("SELECT owner FROM ba_job_locks WHERE name = :name AND lock_until > now()")
 
@@ -118,11 +139,19 @@ class PostgresJobLock:
             ) from None
 
     def acquire(self, name: str, owner: str, ttl_s: float, min_s: float = 0) -> bool:
-        """Take the lock if it is free or expired; False if another owner holds it."""
+        """Take the lock if it is free, expired or held by a provably dead process; False if another owner holds it."""
+        params = {"name": name, "owner": owner, "ttl_s": float(ttl_s), "min_s": float(min_s)}
         with self._translate(), self.engine.begin() as conn:
-            params = {"name": name, "owner": owner, "ttl_s": float(ttl_s), "min_s": float(min_s)}
-            row = conn.execute(ACQUIRE_SQL, params).first()
-        return row is not None
+            if conn.execute(ACQUIRE_SQL, params).first() is not None:
+                return True
+        holder = self.holder(name)
+        if not provably_dead(holder):
+            return False
+        with self._translate(), self.engine.begin() as conn:
+            taken = conn.execute(TAKE_OVER_DEAD_SQL, {**params, "dead": holder}).first() is not None
+        if taken:
+            _log_takeover(name, holder, owner)
+        return taken
 
     def extend(self, name: str, owner: str, ttl_s: float) -> bool:
         """Push the expiry to now + ttl_s, only if `owner` still holds a live lock."""
@@ -155,6 +184,19 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', math.max(tonumber(ARGV[2]), t
     redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
   else
     redis.call('DEL', KEYS[2])
+  end
+  return 1
+end
+return 0
+"""
+
+# KEYS[1] lock, KEYS[2] marker; ARGV dead owner, owner, ttl_ms, min_ms. Takeover from a provably dead
+# holder (locking.owner): compare-and-set, never while its lock-at-least-for marker lives.
+_TAKE_OVER_DEAD_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', math.max(tonumber(ARGV[3]), tonumber(ARGV[4])))
+  if tonumber(ARGV[4]) > 0 then
+    redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
   end
   return 1
 end
@@ -210,6 +252,7 @@ class RedisJobLock:
             decode_responses=True,
         )
         self._acquire = self.client.register_script(_ACQUIRE_LUA)
+        self._take_over = self.client.register_script(_TAKE_OVER_DEAD_LUA)
         self._extend = self.client.register_script(_EXTEND_LUA)
         self._release = self.client.register_script(_RELEASE_LUA)
 
@@ -228,10 +271,18 @@ class RedisJobLock:
             ) from None
 
     def acquire(self, name: str, owner: str, ttl_s: float, min_s: float = 0) -> bool:
-        """Take the lock if the key is absent (SET NX PX); False if another owner holds it."""
+        """Take the lock if the key is absent (SET NX PX) or held by a provably dead process; False otherwise."""
         min_ms = _ms(min_s) if min_s > 0 else 0
         with self._translate():
-            return bool(self._acquire(keys=self._keys(name), args=[owner, _ms(ttl_s), min_ms]))
+            if self._acquire(keys=self._keys(name), args=[owner, _ms(ttl_s), min_ms]):
+                return True
+            holder = self.client.get(self._keys(name)[0])
+            if not provably_dead(holder):
+                return False
+            taken = bool(self._take_over(keys=self._keys(name), args=[holder, owner, _ms(ttl_s), min_ms]))
+        if taken:
+            _log_takeover(name, holder, owner)
+        return taken
 
     def extend(self, name: str, owner: str, ttl_s: float) -> bool:
         """PEXPIRE the key only if it still holds `owner`."""

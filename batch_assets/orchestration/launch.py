@@ -15,21 +15,25 @@ Dagster's console logger is set to WARNING and writes to stderr.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import shutil
 import threading
-from collections.abc import Mapping
+import time
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pydantic
+import sqlalchemy as sa
 
 import batch_assets
 from batch_assets import run_history
-from batch_assets.db.engine import create_engine, normalize_url, resolve_database_url
-from batch_assets.errors import ConfigError
+from batch_assets.db.engine import create_engine, error_text, is_transient, normalize_url, resolve_database_url
+from batch_assets.errors import BatchAssetsError, ConfigError
 from batch_assets.orchestration.config import CONFIG_CLASSES
 from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
 
@@ -43,6 +47,7 @@ CONFIG_OP = {
 }
 CELERY_VARIANT = {"customer_status_sweep_job": "customer_status_sweep_celery_job"}
 SQLITE_TEMPLATE = "dagster.yaml"
+log = logging.getLogger(__name__)
 POSTGRES_TEMPLATE = "dagster.postgres.yaml"
 
 
@@ -205,7 +210,8 @@ def launch_job(
         name, config, executor=executor, max_concurrent=max_concurrent, executor_config=executor_config
     )
     ensure_instance(settings)
-    all_tags = {"batch_assets/launched_by": "cli", **(tags or {})}
+    launch_id = uuid.uuid4().hex
+    all_tags = {"batch_assets/launched_by": "cli", LAUNCH_ID_TAG: launch_id, **(tags or {})}
     with dg.DagsterInstance.get() as instance:
         try:
             result = _off_main_thread(
@@ -218,28 +224,53 @@ def launch_job(
             )
         except dg.DagsterInvalidConfigError as exc:
             raise ConfigError(_first_line(str(exc)), field="run_config") from None
-        launched = _result_of(instance, result, settings)
+        except Exception as exc:  # the run started (or not) and its execution broke: report it, with its id
+            launched = _crashed_launch(instance, launch_id, exc)
+        else:
+            launched = _result_of(instance, result, settings)
     if launched.dagster_status != "SUCCESS" and name in SWEEP_JOBS:
         release_after_failure(launched.run_id, settings)
     return launched
+
+
+LAUNCH_ID_TAG = "batch_assets/launch_id"
+
+
+def _crashed_launch(instance: dg.DagsterInstance, launch_id: str, exc: Exception) -> LaunchResult:
+    """A launch whose execution raised: the run (found by its launch tag) is reported FAILURE with its id."""
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={LAUNCH_ID_TAG: launch_id}), limit=1)
+    if not runs:
+        raise exc
+    run = runs[0]
+    error = f"the run's execution broke: {error_text(exc)}"
+    summary = reconcile(None, run_id=run.run_id, dagster_status=run.status.value, steps=StepOutcomes((), frozenset()),
+                        error=error)
+    return LaunchResult(run_id=run.run_id, dagster_status=run.status.value, summary=summary)
 
 
 SWEEP_JOBS = ("customer_status_sweep_job", "customer_status_sweep_celery_job")
 
 
 def release_after_failure(root_run_id: str, settings: Settings) -> None:
-    """A failed sweep run (breaker, SIGTERM, lost lease, defect) gives back what it still holds."""
+    """A failed sweep run (breaker, SIGTERM, lost lease, defect) gives back what it still holds.
+
+    Best effort: with the database or the lock store down, lease and lock expire on their own
+    (and a dead holder is taken over at once), and the run's outcome must still be reported.
+    """
     from batch_assets.locking.lock import make_job_lock
     from batch_assets.orchestration.ops.sweep import SWEEP_JOB_KEY
     from batch_assets.orchestration.run_guard import release_failed_run
 
-    url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
-    engine = create_engine(url, pool_size=1, max_overflow=0)
     try:
-        release_failed_run(engine, make_job_lock(engine, settings.redis_url), job_key=SWEEP_JOB_KEY,
-                           root_run_id=root_run_id)
-    finally:
-        engine.dispose()
+        url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
+        engine = create_engine(url, pool_size=1, max_overflow=0)
+        try:
+            release_failed_run(engine, make_job_lock(engine, settings.redis_url), job_key=SWEEP_JOB_KEY,
+                               root_run_id=root_run_id)
+        finally:
+            engine.dispose()
+    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+        log.warning("run %s: lock and lease not released, they will expire: %s", root_run_id, error_text(exc))
 
 
 def reexecute_from_failure(
@@ -275,30 +306,113 @@ def reexecute_from_failure(
     return launched
 
 
+MAPPED_RANGE_OP = "sweep_range"
+"""The op a sweep maps over its cursor ranges: an unfinished step of it is an unfinished range."""
+SUMMARY_READ_ATTEMPTS = 5
+
+
 def _result_of(instance: dg.DagsterInstance, result: Any, settings: Settings) -> LaunchResult:
     run_id = result.run_id
     run = instance.get_run_by_id(run_id)
     status = run.status.value if run is not None else ("SUCCESS" if result.success else "FAILURE")
-    summary = read_summary(run_id, settings)
-    if summary is None and status != "SUCCESS":
-        summary = _failure_summary(run_id, _error_of(result) or f"run ended {status}")
-    elif summary is None:
-        summary = _failure_summary(run_id, "the run succeeded but recorded no summary")
+    try:
+        summary = read_summary(run_id, settings)
+        read_error = None
+    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+        summary, read_error = None, f"the run's summary could not be read: {error_text(exc)}"
+    summary = reconcile(summary, run_id=run_id, dagster_status=status, steps=step_outcomes(result.all_events),
+                        error=_error_of(result) or read_error)
     return LaunchResult(run_id=run_id, dagster_status=status, summary=summary)
+
+
+@dataclass(frozen=True)
+class StepOutcomes:
+    """Which steps of a run were planned and which of them succeeded (from the run's own events)."""
+
+    planned: tuple[str, ...]
+    succeeded: frozenset[str]
+
+    @property
+    def unfinished(self) -> list[str]:
+        return [key for key in self.planned if key not in self.succeeded]
+
+
+def step_outcomes(events: Sequence[Any]) -> StepOutcomes:
+    """Every step that started, failed, was skipped or was mapped by a dynamic output, and those that succeeded.
+
+    A mapped range that never started (its run died first) is still planned: its mapping key
+    comes from the plan op's dynamic output.
+    """
+    planned: dict[str, None] = {}
+    succeeded: set[str] = set()
+    for event in events:
+        key = event.step_key
+        if key is None:
+            continue
+        if event.is_step_start or event.is_step_failure or event.is_step_skipped:
+            planned.setdefault(key)
+        if event.is_step_success:
+            planned.setdefault(key)
+            succeeded.add(key)
+        if event.is_successful_output:
+            mapping_key = getattr(event.step_output_data, "mapping_key", None)
+            if mapping_key:
+                planned.setdefault(f"{MAPPED_RANGE_OP}[{mapping_key}]")
+    return StepOutcomes(tuple(planned), frozenset(succeeded))
+
+
+def reconcile(
+    summary: Mapping[str, Any] | None,
+    *,
+    run_id: str,
+    dagster_status: str,
+    steps: StepOutcomes,
+    error: str | None,
+) -> dict[str, Any]:
+    """The run's summary, made truthful: its status is the Dagster run's own outcome and every step's.
+
+    Summaries are what the ops recorded; an op that crashed (or never ran) recorded nothing, so
+    a summary alone can say SUCCESS for a run that left whole ranges undone. Here a run that did
+    not end SUCCESS in Dagster, or left any planned step unfinished, is FAILURE, names the steps
+    and ranges that did not finish, and always carries the run id.
+    """
+    unfinished = steps.unfinished
+    if summary is None:
+        reason = error or ("the run succeeded but recorded no summary" if dagster_status == "SUCCESS"
+                           else f"run ended {dagster_status}")
+        merged = run_history.empty_summary("FAILURE", run_id, error=reason)
+    else:
+        merged = dict(summary)
+    merged["run_id"] = run_id
+    if dagster_status != "SUCCESS" or unfinished:
+        if merged.get("status") != "FAILURE":
+            merged["status"] = "FAILURE"
+            merged["error"] = merged.get("error") or error or f"run ended {dagster_status}"
+        merged["resumable"] = True
+        merged["dagster_status"] = dagster_status
+    if unfinished:
+        merged["unfinished_steps"] = unfinished
+        ranges = [key[len(MAPPED_RANGE_OP) + 1:-1] for key in unfinished if key.startswith(f"{MAPPED_RANGE_OP}[")]
+        if ranges:
+            merged["unfinished_ranges"] = ranges
+            note = f"{len(ranges)} range(s) did not finish: {', '.join(ranges)}"
+            if note not in str(merged.get("error") or ""):
+                merged["error"] = f"{merged['error']}; {note}" if merged.get("error") else note
+    return merged
 
 
 def read_summary(run_id: str, settings: Settings) -> dict[str, Any] | None:
     """The run's summary from run history, or None.
 
     The final op's record when there is one; a mapped sweep that failed has no final op, only
-    one record per failed range, and the ranges that succeeded recorded nothing: their counters
-    are merged from the step outputs by the caller when available, else the failed ranges'
-    records are merged here (FAILURE wins, counters add up).
+    one record per range that recorded one; those are merged here (FAILURE wins, counters add
+    up) and `reconcile` accounts for the ranges that recorded nothing. A database that is
+    restarting is waited for a few seconds before this gives up.
     """
     url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
     engine = create_engine(url, pool_size=1, max_overflow=0)
     try:
-        records = run_history.all_for_run(engine, run_id)
+        records = _with_db_retries(lambda: run_history.all_for_run(engine, run_id))
     finally:
         engine.dispose()
     if not records:
@@ -307,6 +421,19 @@ def read_summary(run_id: str, settings: Settings) -> dict[str, Any] | None:
     if final or len(records) == 1:
         return dict((final or records)[-1])
     return merge_range_records(records)
+
+
+def _with_db_retries(work: Any, attempts: int = SUMMARY_READ_ATTEMPTS) -> Any:
+    delay = 0.5
+    for attempt in range(attempts):
+        try:
+            return work()
+        except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
 
 
 def merge_range_records(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -346,7 +473,3 @@ def _error_of(result: Any) -> str | None:
     if data is not None and data.error is not None:
         return _first_line(data.error.message)
     return _first_line(failure.message or "") or None
-
-
-def _failure_summary(run_id: str, error: str) -> dict[str, Any]:
-    return run_history.empty_summary("FAILURE", run_id, error=error)

@@ -22,20 +22,24 @@ import sqlalchemy as sa
 from batch_assets.errors import LockNotAcquired, LockStoreUnavailable
 from batch_assets.locking.guard import GuardSettings, RunGuard, holder_text, lock_beat, release_lease_and_lock
 from batch_assets.locking.heartbeat import Heartbeat
-from batch_assets.locking.lease import Lease, lease_owner, make_owner
+from batch_assets.locking.lease import Lease, lease_owner
 from batch_assets.locking.lock import JobLock
+from batch_assets.locking.owner import make_owner, run_level_owner
 
 log = logging.getLogger(__name__)
 
 
-def run_owner(root_run_id: str) -> str:
+def run_owner(root_run_id: str, *, single_process: bool = False) -> str:
     """The lock/lease owner shared by every op of a run and of its re-executions.
 
-    The run id plus the host and pid of the process that planned the run; the range ops
-    (in whatever process) receive this string from the plan and fence on it, and a
-    re-execution from failure reuses the plan's output, so it rejoins with the same owner.
+    The range ops (in whatever process) receive this string from the plan and fence on it,
+    and a re-execution from failure reuses the plan's output, so it rejoins with the same owner.
+    When every op runs in the planning process (the in_process executor: the CLI), the owner
+    names that process, so after a kill -9 the next run takes lock and lease over at once
+    (locking.owner.provably_dead). Ops in several processes get a run-level owner, which is
+    never judged dead (the planning process exits long before the ranges finish): it expires.
     """
-    return make_owner(root_run_id)
+    return make_owner(root_run_id) if single_process else run_level_owner(root_run_id)
 
 
 def owned_by_run(owner: str | None, root_run_id: str) -> bool:

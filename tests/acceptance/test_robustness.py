@@ -10,6 +10,7 @@ line, so where a test needs them to have passed it sets `lock_until` / `expires_
 from __future__ import annotations
 
 import signal
+import socket
 from datetime import date
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from _cli import (
     assert_summary_keys,
     classify,
     customers_snapshot,
+    execute,
     expire_locks,
     mismatches,
     oracle,
@@ -231,25 +233,36 @@ def test_stolen_lease_stops_the_old_run_which_commits_nothing_more(cli_env, engi
     assert scalar(engine, "SELECT owner FROM ba_leases WHERE name = :n", n=names[0]) == "thief@acceptance-test"
 
 
-def test_crashed_run_leaves_the_lock_until_it_expires_then_the_next_run_gets_in(cli_env, engine, cipher, tmp_path):
-    """After kill -9 the lock still excludes runs (exit 75); once it expired the next run gets in and resumes."""
+def test_crashed_run_is_taken_over_at_once_on_its_host_and_expires_elsewhere(cli_env, engine, cipher, tmp_path):
+    """After kill -9 a holder on another host still excludes runs (exit 75) until its lock expires; on the
+    crashed run's own host the dead holder is taken over at once, and the next run resumes."""
     seeded = seed_customers(cli_env, 100_000, "--seed", "46")
     run_date = summary_run_date(seeded)
     with CliProcess(cli_env, sweep_args("delta", run_date), tmp_path) as proc:
         wait_for(lambda: computed(engine) >= 3000, timeout=45, what="mid-run", alive=proc)
         proc.signal(signal.SIGKILL)
         assert proc.wait(timeout=30).returncode == -signal.SIGKILL
-    assert live_locks(engine), "a crashed run's lock holds until it expires"
+    assert live_locks(engine), "a crashed run's lock holds until it expires or is taken over"
 
+    # Seen from another host, the dead process cannot be proven dead: the lock excludes.
+    owners = {name: owner for name, owner, _ in live_locks(engine)}
+    moved = {name: owner.replace(f"@{socket.gethostname()}:", "@another-host:") for name, owner in owners.items()}
+    for name, owner in moved.items():
+        execute(engine, "UPDATE ba_job_locks SET owner = :o WHERE name = :n", o=owner, n=name)
+        execute(engine, "UPDATE ba_leases SET owner = :o WHERE name = :n", o=owner, n=name)
     before = customers_snapshot(engine)
     blocked = run_cli(cli_env, *sweep_args("delta", run_date))
     assert blocked.returncode == EXIT_SKIPPED, blocked.describe()
     assert blocked.summary["status"] == "SKIPPED" and blocked.summary["scanned"] == 0, blocked.summary
     assert customers_snapshot(engine) == before
 
-    expire_locks(engine)  # simulated time: lock-at-most-for and the lease TTL have passed
+    # On its own host the holder's process is gone: the next run takes lock and lease over, no waiting.
+    for name, owner in owners.items():
+        execute(engine, "UPDATE ba_job_locks SET owner = :o WHERE name = :n", o=owner, n=name)
+        execute(engine, "UPDATE ba_leases SET owner = :o WHERE name = :n", o=owner, n=name)
     result = run_cli(cli_env, *sweep_args("delta", run_date), timeout=90)
     assert result.returncode == 0, result.describe()
+    assert "taken over" in result.stderr, result.describe()
     s = result.summary
     assert s["status"] == "SUCCESS" and s["resumed_from"] is not None, s
     assert s["scanned"] < 100_000, s

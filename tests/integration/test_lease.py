@@ -46,10 +46,10 @@ def _blocked_on_lock(engine: sa.Engine) -> int:
         ).scalar_one()
 
 
-def test_make_owner_names_run_host_and_pid() -> None:
-    """The owner string is <run_id>@<host>:<pid>."""
-    assert make_owner("abc-123") == f"abc-123@{socket.gethostname()}:{os.getpid()}"
-    assert re.fullmatch(r"r@.+:\d+", make_owner("r"))
+def test_make_owner_names_run_host_pid_start_and_namespace() -> None:
+    """The owner string is <run_id>@<host>:<pid>:s<start>:n<pid namespace>."""
+    assert make_owner("abc-123").startswith(f"abc-123@{socket.gethostname()}:{os.getpid()}:s")
+    assert re.fullmatch(r"r@[^:]+:\d+:s\d+:n\d+", make_owner("r"))
 
 
 def test_acquire_is_exclusive_and_reentrant(engine: sa.Engine) -> None:

@@ -20,11 +20,12 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from batch_assets.db.engine import error_text
 from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import LockNotAcquired
+from batch_assets.errors import BatchAssetsError, LockNotAcquired
 from batch_assets.orchestration.config import SweepConfig
 from batch_assets.orchestration.ops.common import (
     empty_summary,
@@ -69,6 +70,12 @@ def _root_run_id(context: dg.OpExecutionContext) -> str:
     return context.run.root_run_id or context.run_id
 
 
+def _in_process(context: dg.OpExecutionContext) -> bool:
+    """Whether every op of this run executes in this process (the in_process executor)."""
+    execution = (context.run.run_config or {}).get("execution") or {}
+    return "in_process" in (execution.get("config") or {})
+
+
 @dg.op(
     out=dg.DynamicOut(dict, description="One task per cursor range."),
     tags={"kind": "sweep"},
@@ -86,7 +93,7 @@ def plan_sweep(
     plan = validated_plan(config, encryption.cipher)
     run_date = resolve_run_date(plan.run_date)
     engine = database.get_engine()
-    owner = run_owner(_root_run_id(context))
+    owner = run_owner(_root_run_id(context), single_process=_in_process(context))
     try:
         acquire_run_lock(
             engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY, owner=owner, settings=plan.engine
@@ -163,6 +170,15 @@ def sweep_range(
         raise dg.Failure(
             description=f"{label}: lost the run's lock to another run: {exc}", allow_retries=False
         ) from None
+    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+        # The lock store or the database went away outside the engine's own retries (joining the
+        # lock, loading rules or the checkpoint): the range did not run to its end. Fail the step
+        # cleanly, resumable from its checkpoint; the launch counts it as an unfinished range.
+        raise dg.Failure(
+            description=f"{label} did not finish: {error_text(exc)}",
+            metadata={"range": cursor_range.key, "resumable": "True", "error": error_text(exc)},
+            allow_retries=False,
+        ) from None
     except BaseException as exc:
         if not isinstance(exc, Exception):
             # Run termination (DagsterExecutionInterruptedError): the engine drained and recorded its
@@ -177,7 +193,12 @@ def sweep_range(
     metadata = summary_metadata(summary)
     # Every range records its own numbers, so a run whose summary op never runs (a range failed)
     # still reports what every range did.
-    record_range(context, engine, summary, task)
+    try:
+        record_range(context, engine, summary, task)
+    except sa.exc.SQLAlchemyError as exc:
+        # The step's own outcome (below) is what the run's outcome is made of; the record only
+        # carries the numbers of a range whose run has no summary op.
+        context.log.warning(f"{label}: summary not recorded in run history: {error_text(exc)}")
     if result.status != SUCCESS:
         # Fail the step (not just the run) so a re-execution from failure resumes this range.
         reason = summary.get("stopped_reason") or result.status

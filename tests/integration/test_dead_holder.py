@@ -1,0 +1,88 @@
+"""A lock or lease whose holder is provably dead (this host, this pid namespace, process gone) is taken over
+at once; any holder that cannot be proven dead is left to expire."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import sqlalchemy as sa
+
+from batch_assets.locking import Lease, PostgresJobLock, RedisJobLock, make_owner, provably_dead
+from batch_assets.locking.owner import parse_owner, run_level_owner
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def dead_owner() -> Iterator[str]:
+    """The owner string a process had, after that process was killed."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        start = round(psutil.Process(proc.pid).create_time() * 100)
+        mine = parse_owner(make_owner("x"))
+        assert mine is not None
+        owner = f"crashed-run@{mine.host}:{proc.pid}:s{start}:n{mine.pid_namespace}"
+        assert not provably_dead(owner), "a live process must never be judged dead"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    yield owner
+
+
+def test_the_rule_judges_only_this_hosts_processes(dead_owner: str) -> None:
+    """Dead: same host and namespace, process gone. Not dead: this process, another host, a run-level owner."""
+    assert provably_dead(dead_owner)
+    assert not provably_dead(make_owner("alive"))
+    holder = parse_owner(dead_owner)
+    assert holder is not None
+    assert not provably_dead(dead_owner.replace(f"@{holder.host}:", "@another-host:"))
+    other_ns = dead_owner.rsplit(":n", 1)[0] + ":n1"
+    assert not provably_dead(other_ns)
+    assert not provably_dead(run_level_owner("r")) and not provably_dead(None) and not provably_dead("thief@x")
+    # A pid reused by another process (different start time) is not the holder.
+    me = parse_owner(make_owner("me"))
+    assert provably_dead(f"r@{me.host}:{os.getpid()}:s{me.start + 500}:n{me.pid_namespace}")
+
+
+def test_postgres_lock_is_taken_over_from_a_dead_holder_only(engine: sa.Engine, dead_owner: str) -> None:
+    """acquire() takes a dead holder's lock at once; a live holder's lock stays refused."""
+    lock = PostgresJobLock(engine)
+    assert lock.acquire("job", dead_owner, 3600)
+    assert lock.acquire("job", make_owner("next"), 120)
+    assert lock.holder("job") == make_owner("next")
+    assert not lock.acquire("job", make_owner("third"), 120), "a live holder was taken over"
+
+
+def test_postgres_lock_keeps_a_dead_holders_lock_at_least_for(engine: sa.Engine, dead_owner: str) -> None:
+    """The lock-at-least-for time of a dead holder is still honoured."""
+    lock = PostgresJobLock(engine)
+    assert lock.acquire("job", dead_owner, 60, min_s=3600)
+    assert not lock.acquire("job", make_owner("next"), 120)
+
+
+def test_lease_is_taken_over_from_a_dead_holder_only(engine: sa.Engine, dead_owner: str) -> None:
+    """Lease.acquire() takes a dead holder's live lease at once; a live holder keeps it."""
+    assert Lease(engine, "job", dead_owner, 3600).acquire()
+    assert Lease(engine, "job", make_owner("next"), 60).acquire()
+    assert not Lease(engine, "job", make_owner("third"), 60).acquire()
+
+
+def test_redis_lock_is_taken_over_from_a_dead_holder_only(require_redis: None, dead_owner: str) -> None:
+    """The Redis lock: compare-and-set from a dead holder; a live one and a lock-at-least-for one stay."""
+    url = os.environ.get("BATCH_ASSETS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    lock = RedisJobLock(url, key_prefix=f"test:{os.getpid()}:{id(dead_owner)}:")
+    try:
+        assert lock.acquire("job", dead_owner, 3600)
+        assert lock.acquire("job", make_owner("next"), 120)
+        assert not lock.acquire("job", make_owner("third"), 120)
+        assert lock.release("job", make_owner("next"))
+        assert lock.acquire("held", dead_owner, 60, min_s=3600) and lock.release("held", dead_owner)
+        assert not lock.acquire("held", make_owner("next"), 120)
+    finally:
+        lock.client.delete(*lock._keys("job"), *lock._keys("held"))
+        lock.close()
