@@ -78,11 +78,13 @@ def test_detects_a_duplicate_trigger_and_event(engine: sa.Engine, cipher, key_te
                              "WHERE id = :id"), {"id": cid})
         for effective in ("2026-03-10", "2026-03-11"):  # the natural key is unique: a second one differs
             conn.execute(sa.text("INSERT INTO review_triggers (customer_id, from_category, to_category, "
-                                 "effective_date) VALUES (:id, 'YOUNG_ADULT', 'ADULT', :d)"), {"id": cid, "d": effective})
+                                 "effective_date) VALUES (:id, 'YOUNG_ADULT', 'ADULT', :d)"),
+                         {"id": cid, "d": effective})
         for _ in range(2):
             conn.execute(sa.text(
                 "INSERT INTO outbox_events (aggregate_id, event_type, payload) VALUES (:id, 'age_category_changed', "
-                "jsonb_build_object('customer_id', CAST(:sid AS text), 'from_category', 'YOUNG_ADULT', 'to_category', 'ADULT'))"
+                "jsonb_build_object('customer_id', CAST(:sid AS text), 'from_category', 'YOUNG_ADULT', "
+                "'to_category', 'ADULT'))"
             ), {"id": cid, "sid": str(cid)})
     report = _check(engine, key_text, baseline)
     assert report.violations == Counter({"duplicate_trigger": 1, "duplicate_event": 1}), report.describe()
