@@ -267,7 +267,9 @@ class Campaign:
                 with engine.connect() as conn:
                     for cid, blob in conn.exec_driver_sql("SELECT id, encrypted_dob FROM customers"):
                         text = checker.decrypt_dob(aead, cid, bytes(blob) if blob is not None else None)
-                        if text and checker._DATE.fullmatch(text):
+                        # Dates of birth of the last two years look like run dates, expiry dates and
+                        # timestamps the product prints on purpose: only older ones are searched.
+                        if text and checker._DATE.fullmatch(text) and text[:4] < str(self.run_date.year - 1):
                             self.dobs.add(text)
             finally:
                 engine.dispose()
@@ -306,7 +308,7 @@ class Campaign:
         if fault == "redis_between_ranges":
             assert self.redis is not None
             self.redis.stop()
-            return "Redis stopped after the first range finished"
+            return "Redis stopped"
         raise ValueError(fault)
 
     def recover(self, database: str, args: list[str], res: FaultResult, t_fault: float, *, redis: bool = False,
@@ -430,7 +432,8 @@ class Campaign:
             if ok:
                 t_fault = time.monotonic()
                 res.injected = True
-                res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen:,}/{to_write:,} rows written"
+                unit = "range(s) finished" if spec.fault == "redis_between_ranges" else f"/{to_write:,} rows written"
+                res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen:,}{unit}"
             else:
                 res.injected_note = f"not injected: the run ended first ({seen} of target {target})"
         faulted = proc.finish(timeout=300)

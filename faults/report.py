@@ -129,7 +129,8 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         "## Secret scan",
         "",
         f"The encryption key, the database password (the campaign's server has a password-authenticated role) and "
-        f"{len(c.dobs):,} decrypted dates of birth were searched in the stdout/stderr of "
+        f"{len(c.dobs):,} distinct decrypted dates of birth (those before {c.run_date.year - 1}: younger ones "
+        f"collide with run dates and timestamps) were searched in the stdout/stderr of "
         f"{c.secrets.get('cli_outputs_scanned', 0)} commands, {c.secrets.get('home_files_scanned', 0)} files under "
         f"BATCH_ASSETS_HOME (the Dagster instance: SQLite run and event-log storage, logs; the relay's sink "
         f"files), {c.secrets.get('outbox_payloads_scanned', 0):,} outbox payloads and the limits-service requests.",
