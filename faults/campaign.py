@@ -313,10 +313,19 @@ class Campaign:
 
     def recover(self, database: str, args: list[str], res: FaultResult, t_fault: float, *, redis: bool = False,
                 before_each: Callable[[], None] | None = None, done: Callable[[CliResult], bool] | None = None,
-                ) -> CliResult | None:
-        """Run `args` again until it ends SUCCESS (exit 0), within the bound; 75 = wait for the lock."""
+                faulted: CliResult | None = None, faulted_end: float = 0.0) -> CliResult | None:
+        """Run `args` again until it ends SUCCESS (exit 0), within the bound; 75 = wait for the lock.
+
+        A faulted run that itself ended SUCCESS (having survived the fault) needs no recovery run.
+        """
         deadline = t_fault + self.sizes.recovery_bound_s
         last = None
+        if faulted is not None and faulted.rc == EXIT_OK and faulted.status == "SUCCESS" and (
+            done is None or done(faulted)
+        ):
+            res.recovered = True
+            res.recovery_s = max(0.0, faulted_end - t_fault)
+            return faulted
         while time.monotonic() < deadline:
             if before_each is not None:
                 before_each()
@@ -432,11 +441,12 @@ class Campaign:
             if ok:
                 t_fault = time.monotonic()
                 res.injected = True
-                unit = "range(s) finished" if spec.fault == "redis_between_ranges" else f"/{to_write:,} rows written"
+                unit = " range(s) finished" if spec.fault == "redis_between_ranges" else f"/{to_write:,} rows written"
                 res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen:,}{unit}"
             else:
                 res.injected_note = f"not injected: the run ended first ({seen} of target {target})"
         faulted = proc.finish(timeout=300)
+        faulted_end = time.monotonic()
         self.product.record(faulted)  # type: ignore[union-attr]
         res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
         if spec.fault == "redis_down":
@@ -450,7 +460,8 @@ class Campaign:
             self.redis.start()
         if spec.fault == "write_errors":
             self._unpoison(db)
-        self.recover(db, args, res, t_fault, redis=redis)
+            t_fault = faulted_end = time.monotonic()  # the fault lasted the whole run: recovery starts as it heals
+        self.recover(db, args, res, t_fault, redis=redis, faulted=faulted, faulted_end=faulted_end)
         if spec.fault == "write_errors" and res.recovered:
             # The poisoned rows must have stayed due: the next delta repairs them.
             repair = self.cli(db, "sweep", "customer-status", "--mode", "delta", "--run-date", rd)
@@ -466,7 +477,10 @@ class Campaign:
         self.must(db, *args)
 
     def _poison(self, db: str, res: FaultResult) -> int:
-        """A trigger that RAISEs on the UPDATE of ~0.3% of the rows (chosen by the seed)."""
+        """A trigger that RAISEs on the UPDATE of one row in 10,000 (at least 3; chosen by the seed).
+
+        Few rows: each one sends its whole page to the per-row fallback, which is slow by design.
+        """
         engine = self.admin(db)
         try:
             with engine.begin() as conn:
@@ -474,7 +488,7 @@ class Campaign:
                 n = conn.exec_driver_sql(
                     "INSERT INTO faults_poison SELECT id FROM customers WHERE status = 'ACTIVE' "
                     "AND (next_review_date IS NULL OR next_review_date <= %(rd)s OR %(all)s) "
-                    "ORDER BY md5(id::text || %(seed)s) LIMIT greatest(1, (SELECT count(*) FROM customers) / 300)",
+                    "ORDER BY md5(id::text || %(seed)s) LIMIT greatest(3, (SELECT count(*) FROM customers) / 10000)",
                     {"seed": str(res.seed), "rd": self.run_date, "all": res.spec.mode != "delta"},
                 ).rowcount
                 # SECURITY DEFINER: the product's role must not need rights on the campaign's table.
@@ -539,6 +553,7 @@ $$""")
         finally:
             probe.close()
             outs = [w.finish(timeout=240) for w in workers]
+            queue_end = time.monotonic()
         for out in outs:
             self.product.record(out)  # type: ignore[union-attr]
         res.faulted = "; ".join(o.brief() for o in outs)
@@ -562,7 +577,9 @@ $$""")
             with engine.connect() as conn:
                 return not conn.exec_driver_sql("SELECT count(*) FROM payments WHERE status <> 'DONE'").scalar()
 
-        self.recover(db, args, res, t_fault, before_each=fast_forward, done=all_done)
+        survived = all(o.rc == EXIT_OK and o.status == "SUCCESS" for o in outs)
+        self.recover(db, args, res, t_fault, before_each=fast_forward, done=all_done,
+                     faulted=outs[0] if survived else None, faulted_end=queue_end)
         with engine.connect() as conn:
             res.report = checker.check_payments(conn, self.stub.posts, self.stub.accepted, complete=True)
         engine.dispose()
@@ -593,6 +610,7 @@ $$""")
         else:
             res.injected_note = f"not injected: the job ended first ({(seen or 0) - already} of {due})"
         faulted = proc.finish(timeout=300)
+        faulted_end = time.monotonic()
         self.product.record(faulted)  # type: ignore[union-attr]
         res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
         if res.injected:
@@ -600,7 +618,7 @@ $$""")
                 mid = checker.check_subscriptions(conn, self.run_date, baseline, complete=False)
             if not mid.ok:
                 res.truth_violation = f"right after the fault: {mid.describe()}"
-            self.recover(db, args, res, t_fault)
+            self.recover(db, args, res, t_fault, faulted=faulted, faulted_end=faulted_end)
             with engine.connect() as conn:
                 res.report = checker.check_subscriptions(conn, self.run_date, baseline, complete=True)
         engine.dispose()
@@ -635,6 +653,7 @@ $$""")
         else:
             res.injected_note = f"not injected: the relay ended first ({seen} SENT)"
         faulted = proc.finish(timeout=300)
+        faulted_end = time.monotonic()
         self.product.record(faulted)  # type: ignore[union-attr]
         res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
         if res.injected:
@@ -646,7 +665,7 @@ $$""")
                     return not conn.exec_driver_sql(
                         "SELECT count(*) FROM outbox_events WHERE status <> 'SENT'").scalar()
 
-            self.recover(db, args, res, t_fault, redis=redis, done=all_sent)
+            self.recover(db, args, res, t_fault, redis=redis, done=all_sent, faulted=faulted, faulted_end=faulted_end)
             ids = self._redis_stream_ids() if redis else self._jsonl_ids(sink)
             with engine.connect() as conn:
                 res.report = checker.check_outbox_sent(conn, ids)
