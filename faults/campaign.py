@@ -211,7 +211,8 @@ class Campaign:
         })
 
     def stop(self) -> None:
-        for step in (self.stub.stop, *( [self.redis.stop] if self.redis else []), self.pg.stop):
+        steps = [self.product.kill_all] if self.product is not None else []
+        for step in (*steps, self.stub.stop, *([self.redis.stop] if self.redis else []), self.pg.stop):
             try:
                 step()
             except Exception as exc:  # cleanup goes on: every service must be stopped

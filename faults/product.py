@@ -129,6 +129,7 @@ class Product:
         base.setdefault("BATCH_ASSETS_AUTOMATION", "off")
         self.env = base
         self.outputs: list[CliResult] = []  # every command's output, for the secret scan
+        self.started: list[Running] = []
 
     def with_env(self, **changes: str | None) -> dict[str, str]:
         env = dict(self.env)
@@ -140,7 +141,16 @@ class Product:
         return env
 
     def start(self, *args: str, env: Mapping[str, str] | None = None) -> Running:
-        return Running(args, env or self.env, self.workdir)
+        running = Running(args, env or self.env, self.workdir)
+        self.started.append(running)
+        return running
+
+    def kill_all(self) -> None:
+        """SIGKILL the session of every command still running (they do not get the terminal's Ctrl-C)."""
+        for running in self.started:
+            if running.running():
+                running.kill_group()
+        self.started = [r for r in self.started if r.running()]
 
     def run(self, *args: str, timeout: float = 300, env: Mapping[str, str] | None = None) -> CliResult:
         result = self.start(*args, env=env).finish(timeout)

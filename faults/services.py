@@ -143,9 +143,14 @@ class PgServer:
         if self.datadir.exists():
             self._run("pg_ctl", "-D", str(self.datadir), "-m", "immediate", "-w", "-t", "30", "stop", check=False)
         if pid is not None:
+            # The postmaster lives in the session its pg_ctl was started in (one of ours):
+            # end that whole group, the backends with it.
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                group = os.getpgid(pid)
+                if str(self.datadir).encode() in cmdline and group != os.getpgrp():
+                    os.killpg(group, signal.SIGKILL)
+            except (OSError, ProcessLookupError, PermissionError):
                 pass
 
     def postmaster_pid(self) -> int | None:
