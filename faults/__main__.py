@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         output = REPO / "docs" / "reliability.md"
     command = "python -m faults" + (" --quick" if args.quick else "") + f" --seed {seed}"
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # also when started with SIGINT ignored (a background job)
     root = make_root()
     campaign = Campaign(root, seed, sizes)
     started = time.monotonic()
