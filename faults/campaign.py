@@ -615,10 +615,13 @@ $$""")
         self.product.record(faulted)  # type: ignore[union-attr]
         res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
         if res.injected:
+            survived = faulted.rc == EXIT_OK and faulted.status == "SUCCESS"
             with engine.connect() as conn:
-                mid = checker.check_subscriptions(conn, self.run_date, baseline, complete=False)
+                # A run that says SUCCESS must have expired every due subscription (or marked it FAILED).
+                mid = checker.check_subscriptions(conn, self.run_date, baseline, complete=survived)
             if not mid.ok:
-                res.truth_violation = f"right after the fault: {mid.describe()}"
+                res.truth_violation = (f"{'SUCCESS' if survived else 'right after the fault'}: "
+                                       f"{mid.describe()}")
             self.recover(db, args, res, t_fault, faulted=faulted, faulted_end=faulted_end)
             with engine.connect() as conn:
                 res.report = checker.check_subscriptions(conn, self.run_date, baseline, complete=True)
