@@ -70,7 +70,7 @@ class Sizes:
 
 
 QUICK = Sizes(customers=20_000, subscriptions=10_000, payments=800, recovery_bound_s=60, fuzz="some")
-FULL = Sizes(customers=120_000, subscriptions=40_000, payments=3_000, recovery_bound_s=200, fuzz="all")
+FULL = Sizes(customers=60_000, subscriptions=30_000, payments=2_000, recovery_bound_s=200, fuzz="all")
 
 
 @dataclass(frozen=True)
