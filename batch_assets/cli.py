@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from batch_assets.errors import (
     EXIT_FAILED,
@@ -62,39 +62,42 @@ def empty_summary(status: str, error: str | None = None) -> dict[str, Any]:
 
 
 def parse_run_date(text: str | None) -> date | None:
-    if text is None:
-        return None
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise ConfigError(f"{text!r} is not a date in YYYY-MM-DD form", field="run_date") from None
+    """`--run-date`: exactly YYYY-MM-DD (ASCII digits); the one parser the Config classes use too."""
+    from batch_assets.orchestration.config import parse_run_date as parse
+
+    return parse(text)
 
 
 def today_in(timezone: str) -> date:
     """Today in the configured time zone: the default run date, computed once per run."""
-    try:
-        zone = ZoneInfo(timezone)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(f"unknown time zone {timezone!r}", field="BATCH_ASSETS_TIMEZONE") from None
-    return datetime.now(zone).date()
+    from batch_assets.orchestration.config import today_in as today
+
+    return today(timezone)
 
 
-def positive(name: str) -> Callable[[str], int]:
+MAX_COUNT = 100_000_000
+"""Upper bound of a row or item count on the command line (a mistyped extra digit fails at once)."""
+
+
+def positive(name: str, maximum: int = MAX_COUNT) -> Callable[[str], int]:
+    """A whole number 0..maximum in ASCII digits (int() alone also takes '１８' and '1_000')."""
+
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if not re.fullmatch(r"[+-]?[0-9]+", text.strip(), re.ASCII):
+            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}")
+        value = int(text)
         if value < 0:
             raise argparse.ArgumentTypeError(f"{name} must not be negative, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{name} must be at most {maximum}, got {value}")
         return value
 
     return parse
 
 
-def at_least_one(name: str) -> Callable[[str], int]:
+def at_least_one(name: str, maximum: int = MAX_COUNT) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = positive(name)(text)
+        value = positive(name, maximum)(text)
         if value < 1:
             raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {value}")
         return value
@@ -122,6 +125,19 @@ def engine_for(settings: Settings):  # -> sa.Engine
     engine = get_engine(resolve_database_url(settings))
     check_connection(engine)
     return engine
+
+
+def check_connection_budget(engine, needed: int) -> None:  # engine: sa.Engine
+    """ConfigError (exit 2) when the server has fewer free connections than a run's budget needs."""
+    from batch_assets.db.engine import free_connections
+
+    free = free_connections(engine)
+    if needed > free:
+        raise ConfigError(
+            f"a run needs {needed} connections (workers + prefetch + side effects + heartbeat) but the server "
+            f"has {free} free (max_connections minus reserved and in use); lower --workers",
+            field="workers",
+        )
 
 
 def cipher_for_settings(settings: Settings):
@@ -272,10 +288,12 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
         page_size=args.page_size,
         ranges=args.ranges,
         lock_fail_open=args.lock_fail_open or None,
+        allow_distant_run_date=args.allow_distant_run_date or None,
     )
-    # Checked before launching: a missing or malformed key is exit 2, nothing read.
+    # Checked before launching: a missing or malformed key is exit 2, nothing read; so is a
+    # connection budget the server cannot give.
     cipher_for_settings(settings)
-    engine_for(settings)
+    check_connection_budget(engine_for(settings), config.to_engine_settings().engine.connections_needed)
     return run_job("customer_status_sweep_job", config, settings, {"mode": args.mode, "run_date": run_date})
 
 
@@ -283,7 +301,8 @@ def cmd_subscriptions_expire(args: argparse.Namespace, settings: Settings) -> in
     from batch_assets.orchestration.config import ExpiryConfig
 
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
-    config = _build_config(ExpiryConfig, run_date=run_date.isoformat(), retry_failed=args.retry_failed)
+    config = _build_config(ExpiryConfig, run_date=run_date.isoformat(), retry_failed=args.retry_failed,
+                           allow_distant_run_date=args.allow_distant_run_date or None)
     engine_for(settings)
     return run_job("subscription_expiry_job", config, settings, {"run_date": run_date})
 
@@ -419,7 +438,13 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
 # --- parser ------------------------------------------------------------------
 
 
+DISTANT_HELP = "allow a --run-date further from today than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366)"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from batch_assets.engine.settings import MAXIMA
+    from batch_assets.orchestration.config import MAX_RANGES
+
     p = _Parser(prog="batch-assets", description="Fast, safe batch sweeps, queue and nightly jobs on PostgreSQL.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -454,19 +479,21 @@ def build_parser() -> argparse.ArgumentParser:
     cs = sweep.add_parser("customer-status", help="the customer-status sweep (CONTRACT §5)")
     cs.add_argument("--mode", choices=["delta", "full", "config-change"], required=True)
     cs.add_argument("--run-date", default=None, help="YYYY-MM-DD (default: today in BATCH_ASSETS_TIMEZONE)")
-    cs.add_argument("--workers", type=positive("workers"), default=None)
-    cs.add_argument("--window", type=positive("window"), default=None)
-    cs.add_argument("--page-size", type=positive("page-size"), default=None)
-    cs.add_argument("--ranges", type=positive("ranges"), default=None,
+    cs.add_argument("--workers", type=positive("workers", MAXIMA["workers"]), default=None)
+    cs.add_argument("--window", type=positive("window", MAXIMA["window"]), default=None)
+    cs.add_argument("--page-size", type=positive("page-size", MAXIMA["page_size"]), default=None)
+    cs.add_argument("--ranges", type=positive("ranges", MAX_RANGES), default=None,
                     help="cursor ranges for full/config-change (one mapped op each)")
     cs.add_argument("--lock-fail-open", action="store_true",
                     help="run even when the lock store is unreachable (the lease still fences writes)")
+    cs.add_argument("--allow-distant-run-date", action="store_true", help=DISTANT_HELP)
     cs.set_defaults(func=cmd_sweep)
 
     subs = sub.add_parser("subscriptions", help="subscription jobs").add_subparsers(dest="subs_command", required=True)
     ex = subs.add_parser("expire", help="the nightly subscription-expiry job")
     ex.add_argument("--run-date", default=None)
     ex.add_argument("--retry-failed", action="store_true", help="retry FAILED rows under the retry maximum")
+    ex.add_argument("--allow-distant-run-date", action="store_true", help=DISTANT_HELP)
     ex.set_defaults(func=cmd_subscriptions_expire)
 
     queue = sub.add_parser("queue", help="the payment task queue").add_subparsers(dest="queue_command", required=True)

@@ -10,6 +10,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from batch_assets.errors import ConfigError
 
 DATABASE_URL_VAR = "BATCH_ASSETS_DATABASE_URL"
 ENCRYPTION_KEY_VAR = "BATCH_ASSETS_ENCRYPTION_KEY"
@@ -20,6 +23,12 @@ HOME_VAR = "BATCH_ASSETS_HOME"
 TIMEZONE_VAR = "BATCH_ASSETS_TIMEZONE"
 DAGSTER_PG_URL_VAR = "BATCH_ASSETS_DAGSTER_PG_URL"
 TEST_DATABASE_URL_VAR = "BATCH_ASSETS_TEST_DATABASE_URL"
+RUN_DATE_WINDOW_VAR = "BATCH_ASSETS_RUN_DATE_WINDOW_DAYS"
+
+DEFAULT_RUN_DATE_WINDOW_DAYS = 366
+MAX_RUN_DATE_WINDOW_DAYS = 36_500
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+HTTP_SCHEMES = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,8 @@ class Settings:
     alert_webhook: str | None
     timezone: str
     home: Path
+    run_date_window_days: int = DEFAULT_RUN_DATE_WINDOW_DAYS
+    """A run date further than this from today needs an explicit `allow_distant_run_date`."""
 
     @property
     def embedded(self) -> bool:
@@ -50,14 +61,54 @@ def _get(environ: Mapping[str, str], name: str) -> str | None:
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings of the environment, every URL and number checked (ConfigError naming the variable).
+
+    Checked here, before any command or run starts, so a malformed URL is exit 2 with one line
+    instead of a traceback inside a started run.
+    """
     env = os.environ if environ is None else environ
     home = Path(_get(env, HOME_VAR) or Path.cwd() / ".batch_assets").resolve()
     return Settings(
         database_url=_get(env, DATABASE_URL_VAR),
         encryption_key=_get(env, ENCRYPTION_KEY_VAR),
-        redis_url=_get(env, REDIS_URL_VAR),
-        limits_url=_get(env, LIMITS_URL_VAR),
-        alert_webhook=_get(env, ALERT_WEBHOOK_VAR),
+        redis_url=check_url(REDIS_URL_VAR, _get(env, REDIS_URL_VAR), REDIS_SCHEMES),
+        limits_url=check_url(LIMITS_URL_VAR, _get(env, LIMITS_URL_VAR), HTTP_SCHEMES),
+        alert_webhook=check_url(ALERT_WEBHOOK_VAR, _get(env, ALERT_WEBHOOK_VAR), HTTP_SCHEMES),
         timezone=_get(env, TIMEZONE_VAR) or "UTC",
         home=home,
+        run_date_window_days=_window_days(_get(env, RUN_DATE_WINDOW_VAR)),
     )
+
+
+def check_url(name: str, value: str | None, schemes: tuple[str, ...]) -> str | None:
+    """`value` if it is a well-formed URL with one of `schemes` and (but for unix sockets) a host; else ConfigError.
+
+    The message never repeats the URL: it may carry a password.
+    """
+    if value is None:
+        return None
+    try:
+        parsed = urlsplit(value)
+        port = parsed.port  # raises ValueError for a port that is not a number in range
+    except ValueError:
+        raise ConfigError("is not a valid URL", field=name) from None
+    if parsed.scheme not in schemes:
+        raise ConfigError(f"must be a {' or '.join(s + '://' for s in schemes)} URL, got scheme "
+                          f"{parsed.scheme or '(none)'!r}", field=name)
+    if parsed.scheme == "unix":
+        if not parsed.path:
+            raise ConfigError("a unix:// URL needs a socket path", field=name)
+    elif not parsed.hostname:
+        raise ConfigError("has no host", field=name)
+    if any(ch.isspace() for ch in value) or (port is not None and port == 0):
+        raise ConfigError("is not a valid URL", field=name)
+    return value
+
+
+def _window_days(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_RUN_DATE_WINDOW_DAYS
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_RUN_DATE_WINDOW_DAYS:
+        raise ConfigError(f"must be a whole number of days from 1 to {MAX_RUN_DATE_WINDOW_DAYS}, got {text!r}",
+                          field=RUN_DATE_WINDOW_VAR)
+    return int(text)

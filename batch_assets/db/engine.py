@@ -152,3 +152,19 @@ def error_text(exc: BaseException) -> str:
     cause = getattr(exc, "orig", None) or exc
     lines = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {lines[0].strip()}" if lines else type(cause).__name__
+
+
+# How many more connections a non-superuser client can open now.
+FREE_CONNECTIONS_SQL = sa.text(
+    """
+    SELECT current_setting('max_connections')::int
+         - current_setting('superuser_reserved_connections')::int
+         - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')
+    """
+)
+
+
+def free_connections(engine: sa.Engine) -> int:
+    """Connections the server can still give a client (one-line DatabaseUnavailable if it does not answer)."""
+    with translate_errors(engine), engine.connect() as conn:
+        return int(conn.execute(FREE_CONNECTIONS_SQL).scalar_one())

@@ -80,6 +80,13 @@ def _check(settings: GuardSettings) -> None:
         raise ConfigError("must be shorter than lock_ttl_s", field="heartbeat_s")
 
 
+def heartbeat_grace(settings: GuardSettings, lock_held: bool = True) -> float:
+    """How long renewals may keep failing (store unreachable) before the run gives up: two heartbeats
+    short of the earliest expiry, so the run stops writing before its lease or lock could lapse."""
+    ttl = min(settings.lease_ttl_s, settings.lock_ttl_s) if lock_held else settings.lease_ttl_s
+    return max(0.0, ttl - 2 * settings.heartbeat_s)
+
+
 def lock_beat(lock: JobLock, job_key: str, owner: str, settings: GuardSettings) -> Beat:
     """Renew the lock; with lock_fail_open an unreachable store is a warning, and an expired lock is retaken."""
 
@@ -143,7 +150,8 @@ def job_guard(
         beats: list[Beat] = [lease.heartbeat]
         if lock_held:
             beats.append(lock_beat(job_lock, job_key, owner, settings))
-        heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}").start()
+        heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}",
+                              grace_s=heartbeat_grace(settings, lock_held)).start()
         yield RunGuard(job_key, owner, lease, heartbeat, lock_held)
     finally:
         if heartbeat is not None:

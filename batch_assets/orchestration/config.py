@@ -14,6 +14,7 @@ that name the field:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
@@ -24,7 +25,7 @@ from pydantic import Field, field_validator
 
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import ConfigError
-from batch_assets.settings import TIMEZONE_VAR
+from batch_assets.settings import TIMEZONE_VAR, load_settings
 
 SWEEP_MODES = ("delta", "full", "config-change")
 DEFAULT_RANGES = 4
@@ -33,17 +34,39 @@ DEFAULT_RELAY_BATCH_SIZE = 500
 MAX_RELAY_BATCH_SIZE = 10_000
 
 
+RUN_DATE_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
+"""Exactly YYYY-MM-DD in ASCII digits: `date.fromisoformat` alone also takes 20261130 and 2026-W48-1."""
+
+
 def parse_run_date(value: str | None, *, field: str = "run_date") -> date | None:
     """`YYYY-MM-DD` → date; None/empty → None; anything else is a ConfigError naming the field."""
     if value is None or not str(value).strip():
         return None
     text = str(value).strip()
     try:
-        if len(text) != 10:
+        if not RUN_DATE_RE.fullmatch(text):
             raise ValueError
         return date.fromisoformat(text)
     except ValueError:
         raise ConfigError(f"must be a date YYYY-MM-DD, got {text!r}", field=field) from None
+
+
+def check_run_date_window(run_date: date | None, *, allow_distant: bool, field: str = "run_date") -> None:
+    """A run date more than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366) from today needs `allow_distant`.
+
+    A mistyped year (2070, 1926) would otherwise rewrite every category as of that day.
+    """
+    if run_date is None or allow_distant:
+        return
+    settings = load_settings()
+    today = today_in(settings.timezone)
+    window = settings.run_date_window_days
+    if abs((run_date - today).days) > window:
+        raise ConfigError(
+            f"{run_date.isoformat()} is more than {window} days from today ({today.isoformat()}); "
+            f"pass allow_distant_run_date (CLI: --allow-distant-run-date) if that is really meant",
+            field=field,
+        )
 
 
 def zone(name: str) -> ZoneInfo:
@@ -102,6 +125,10 @@ class SweepConfig(dg.Config):
     run_date: str | None = Field(
         default=None,
         description="Run date YYYY-MM-DD, fixed for every row of the run. Default: today in BATCH_ASSETS_TIMEZONE.",
+    )
+    allow_distant_run_date: bool = Field(
+        default=False,
+        description="Allow a run date further from today than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366).",
     )
     ranges: int = Field(
         default=0,
@@ -175,6 +202,7 @@ class SweepConfig(dg.Config):
         if self.mode not in SWEEP_MODES:
             raise ConfigError(f"must be one of {', '.join(SWEEP_MODES)}, got {self.mode!r}", field="mode")
         run_date = parse_run_date(self.run_date)
+        check_run_date_window(run_date, allow_distant=self.allow_distant_run_date)
         ranges = _non_negative_int("ranges", self.ranges, maximum=MAX_RANGES) or DEFAULT_RANGES
         if self.mode == "delta":
             ranges = 1
@@ -233,6 +261,10 @@ class ExpiryConfig(dg.Config):
     retry_failed: bool = Field(
         default=False, description="Retry FAILED subscriptions whose retry_count is under max_retries. Default false."
     )
+    allow_distant_run_date: bool = Field(
+        default=False,
+        description="Allow a run date further from today than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366).",
+    )
     batch_size: int = Field(default=0, description="Subscriptions per batch. 0 = the engine default (500).")
     max_retries: int = Field(default=0, description="Maximum retry_count retried by retry_failed. 0 = 3.")
 
@@ -254,6 +286,7 @@ class ExpiryConfig(dg.Config):
         from batch_assets.domains.subscriptions.expiry import ExpirySettings
 
         run_date = parse_run_date(self.run_date)
+        check_run_date_window(run_date, allow_distant=self.allow_distant_run_date)
         _non_negative_int("batch_size", self.batch_size)
         _non_negative_int("max_retries", self.max_retries)
         engine = ExpirySettings.build(batch_size=self.batch_size or None, max_retries=self.max_retries or None)

@@ -20,7 +20,14 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 
 from batch_assets.errors import LockNotAcquired, LockStoreUnavailable
-from batch_assets.locking.guard import GuardSettings, RunGuard, holder_text, lock_beat, release_lease_and_lock
+from batch_assets.locking.guard import (
+    GuardSettings,
+    RunGuard,
+    heartbeat_grace,
+    holder_text,
+    lock_beat,
+    release_lease_and_lock,
+)
 from batch_assets.locking.heartbeat import Heartbeat
 from batch_assets.locking.lease import Lease, lease_owner
 from batch_assets.locking.lock import JobLock
@@ -111,7 +118,8 @@ def joined_guard(
     lease = Lease(engine, job_key, owner, settings.lease_ttl_s)
 
     beats = [lease.heartbeat, lock_beat(lock, job_key, owner, settings)]
-    heartbeat = Heartbeat(settings.heartbeat_s, beats, name=f"heartbeat-{job_key}").start()
+    heartbeat = Heartbeat(settings.heartbeat_s, beats, name=f"heartbeat-{job_key}",
+                          grace_s=heartbeat_grace(settings)).start()
     try:
         yield RunGuard(job_key, owner, lease, heartbeat, True)
     finally:

@@ -339,7 +339,7 @@ def test_sweep_default_run_date_is_today_and_one_per_run(cli_env, engine, cipher
     assert s["changed"] == len(truth.good)
     assert mismatches(engine, truth, run_date) == []
     # A later run date makes exactly the rows whose next_review_date has come due.
-    later = run_date + timedelta(days=400)
+    later = run_date + timedelta(days=300)  # inside the run-date window (366 days)
     due = scalar(engine, "SELECT count(*) FROM customers WHERE next_review_date <= :d", d=later)
     s2 = ok(cli_env, "sweep", "customer-status", "--mode", "delta", "--run-date", later.isoformat())
     assert s2["scanned"] == due, s2

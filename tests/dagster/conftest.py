@@ -26,6 +26,8 @@ def dagster_env(db_url: str, key_text: str, tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("BATCH_ASSETS_ENCRYPTION_KEY", key_text)
     monkeypatch.setenv("BATCH_ASSETS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    # The tests' fixed run date (2025-06-01) lies outside the default window of ±366 days from today.
+    monkeypatch.setenv("BATCH_ASSETS_RUN_DATE_WINDOW_DAYS", "36500")
     yield load_settings()
 
 

@@ -69,3 +69,29 @@ def test_reconcile_without_any_summary_is_failure_with_the_run_id() -> None:
     merged = reconcile(None, run_id="r9", dagster_status="FAILURE", steps=StepOutcomes((), frozenset()),
                        error="the run's summary could not be read: OperationalError: x")
     assert merged["status"] == "FAILURE" and merged["run_id"] == "r9" and "could not be read" in merged["error"]
+
+
+def test_a_database_gone_after_the_ranges_still_reports_the_run_with_its_id(
+    dagster_env: Settings, engine: sa.Engine, admin_engine: sa.Engine, seeded: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database refuses connections once the range ran: FAILURE with the run id, never an unhandled error."""
+    real = customer_status_job.run_customer_status_sweep
+    db = engine.url.database
+
+    def sweep_then_database_gone(*args, **kwargs):
+        result = real(*args, **kwargs)
+        with admin_engine.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
+            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :db"),
+                         {"db": db})
+        return result
+
+    monkeypatch.setattr(customer_status_job, "run_customer_status_sweep", sweep_then_database_gone)
+    try:
+        result = launch_job("customer_status_sweep_job", SweepConfig(mode="delta", run_date="2025-06-01"),
+                            settings=dagster_env)
+    finally:
+        with admin_engine.connect() as conn:
+            conn.exec_driver_sql(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+    assert result.summary["status"] == "FAILURE" and result.summary["run_id"] == result.run_id
+    assert result.dagster_status == "FAILURE"

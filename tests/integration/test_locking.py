@@ -319,15 +319,32 @@ def test_guard_lost_lock_stops_run(engine: sa.Engine) -> None:
 
 
 def test_lock_store_down_mid_run_fail_closed_stops_run(engine: sa.Engine, down_engine: sa.Engine) -> None:
-    """Fail-closed: the lock store going away mid-run is a loss."""
+    """Fail-closed: the lock store staying away longer than the renewals' grace is a loss."""
     lock = PostgresJobLock(engine)
-    cfg = GuardCfg(heartbeat_s=0.1)
+    cfg = GuardCfg(heartbeat_s=0.1, lease_ttl_s=1, lock_ttl_s=1)  # grace: 1 s - 2 heartbeats
     with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg, lock=lock) as guard:
         lock.engine = down_engine  # the store becomes unreachable
         wait_until(lambda: not guard.alive(), what="heartbeat to notice the lock store outage")
         assert (guard.lost_reason or "").startswith("JobLock.extend raised LockStoreUnavailable")
         lock.engine = engine
     assert lease_owner(engine, "customer_status") is None
+
+
+def test_a_short_lock_store_outage_within_the_grace_keeps_the_run(
+    engine: sa.Engine, down_engine: sa.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Renewals that fail for less than the grace (TTL - 2 heartbeats) are retried; the run keeps its lock."""
+    lock = PostgresJobLock(engine)
+    cfg = GuardCfg(heartbeat_s=0.1, lease_ttl_s=30, lock_ttl_s=30)
+    with caplog.at_level(logging.WARNING, logger="batch_assets.locking.heartbeat"):
+        with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg, lock=lock) as guard:
+            lock.engine = down_engine
+            wait_until(lambda: any("heartbeat failed" in r.getMessage() for r in caplog.records),
+                       what="a failed renewal")
+            lock.engine = engine
+            start = guard.beats
+            wait_until(lambda: guard.beats >= start + 2, what="renewals after the outage")
+            assert guard.alive() and lock.holder("customer_status") == guard.owner
 
 
 def test_lock_store_down_mid_run_fail_open_keeps_running(

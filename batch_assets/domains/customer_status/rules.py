@@ -18,6 +18,7 @@ from batch_assets.errors import ConfigError
 SENTINEL = date(9999, 12, 31)
 """`next_review_date` of a row whose category can never change again."""
 
+_AGE_RE = re.compile(r"[0-9]{1,3}", re.ASCII)
 _NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,62}$")
 
 
@@ -48,8 +49,9 @@ class Rules:
             if not part:
                 continue
             name, sep, age = part.partition("=")
-            if not sep or not age.strip().lstrip("-").isdigit():
-                raise ConfigError(f"{part!r} is not NAME=AGE", field="thresholds")
+            # ASCII digits only: str.isdigit() also takes '²' and '１８', which int() then rejects or reads.
+            if not sep or not _AGE_RE.fullmatch(age.strip()):
+                raise ConfigError(f"{part!r} is not NAME=AGE (AGE in ASCII digits, e.g. ADULT=26)", field="thresholds")
             pairs.append((name.strip(), int(age.strip())))
         return cls.from_pairs(pairs)
 
