@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="about 8 faults (CI); writes a temp report")
     p.add_argument("--seed", type=int, default=None, help="the campaign seed (default: the time)")
     p.add_argument("--output", default=None, help="report path (default docs/reliability.md; quick: a temp file)")
-    p.add_argument("--only", default=None, help="run only the faults whose label contains this text")
+    p.add_argument("--only", action="append", default=None,
+                   help="run only the faults whose label contains this text (repeatable: any of them)")
     p.add_argument("--no-fuzz", action="store_true", help="skip the bad-input fuzzing")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (server data, logs) for a post-mortem")
     args = p.parse_args(argv)
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if campaign.redis is None:
             campaign.skipped.append("lock-store (Redis) faults: redis-server is not installed")
         if args.only:
-            specs = [s for s in specs if args.only in s.label]
+            specs = [s for s in specs if any(text in s.label for text in args.only)]
         log(f"{len(specs)} faults planned")
         for i, spec in enumerate(specs, 1):
             campaign.results.append(campaign.run_fault(spec, i))
