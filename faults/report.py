@@ -7,6 +7,9 @@ from typing import Any
 
 from faults.campaign import Campaign, FaultResult
 
+INFO_KEYS = {"transitions", "new_triggers", "new_events", "unevaluable", "posts_total", "posts_max_per_key",
+             "payments_done", "sink_resends", "subscriptions_expired", "subscriptions_failed", "subscriptions_active"}
+
 
 def _recovery(results: list[FaultResult]) -> str:
     times = sorted(r.recovery_s for r in results if r.recovery_s is not None)
@@ -51,6 +54,9 @@ def details(results: list[FaultResult]) -> list[str]:
             rec = f"{r.recovery_s:.1f} s" if r.recovery_s is not None else "not reached"
             lines.append(f"   - recovery: {r.recovery_runs} run(s), SUCCESS after {rec}")
             lines.append(f"   - invariants: {r.report.describe()}")
+            shown = {k: v for k, v in r.report.info.items() if k in INFO_KEYS}
+            if shown:
+                lines.append("   - counters: " + ", ".join(f"{k} {v:,}" for k, v in sorted(shown.items())))
         for note in r.notes:
             lines.append(f"   - {note}")
         if r.error:
