@@ -461,12 +461,15 @@ class Campaign:
             self.redis.start()
         if spec.fault == "write_errors":
             self._unpoison(db)
-            t_fault = faulted_end = time.monotonic()  # the fault lasted the whole run: recovery starts as it heals
-        self.recover(db, args, res, t_fault, redis=redis, faulted=faulted, faulted_end=faulted_end)
-        if spec.fault == "write_errors" and res.recovered:
-            # The poisoned rows must have stayed due: the next delta repairs them.
-            repair = self.cli(db, "sweep", "customer-status", "--mode", "delta", "--run-date", rd)
-            res.notes.append(f"delta after the write errors healed: {repair.brief()}")
+            t_fault = time.monotonic()  # the fault lasted the whole run: recovery starts as it heals
+        if spec.fault == "write_errors":
+            # Rows whose write failed must have stayed due: the next delta, once the writes work
+            # again, is the recovery (and must repair every one of them).
+            res.notes.append("recovery is a delta sweep after the trigger was dropped")
+            delta = ["sweep", "customer-status", "--mode", "delta", "--run-date", rd, "--workers", str(spec.workers)]
+            self.recover(db, delta, res, t_fault, redis=redis)
+        else:
+            self.recover(db, args, res, t_fault, redis=redis, faulted=faulted, faulted_end=faulted_end)
         engine = self.admin(db)
         with engine.connect() as conn:
             res.report = checker.check_customers(conn, self.key_text, self.run_date, rules, baseline)
