@@ -469,7 +469,9 @@ class Campaign:
             delta = ["sweep", "customer-status", "--mode", "delta", "--run-date", rd, "--workers", str(spec.workers)]
             self.recover(db, delta, res, t_fault, redis=redis)
         else:
-            self.recover(db, args, res, t_fault, redis=redis, faulted=faulted, faulted_end=faulted_end)
+            # An untruthful SUCCESS is not a recovery: run again, as the next night would.
+            self.recover(db, args, res, t_fault, redis=redis, faulted=None if res.truth_violation else faulted,
+                         faulted_end=faulted_end)
         engine = self.admin(db)
         with engine.connect() as conn:
             res.report = checker.check_customers(conn, self.key_text, self.run_date, rules, baseline)
@@ -625,7 +627,8 @@ $$""")
             if not mid.ok:
                 res.truth_violation = (f"{'SUCCESS' if survived else 'right after the fault'}: "
                                        f"{mid.describe()}")
-            self.recover(db, args, res, t_fault, faulted=faulted, faulted_end=faulted_end)
+            self.recover(db, args, res, t_fault, faulted=None if res.truth_violation else faulted,
+                         faulted_end=faulted_end)
             with engine.connect() as conn:
                 res.report = checker.check_subscriptions(conn, self.run_date, baseline, complete=True)
         engine.dispose()
