@@ -96,6 +96,7 @@ class FaultResult:
     faulted: str = ""
     truth_violation: str | None = None
     recovery_runs: int = 0
+    recovery_rcs: list[int] = field(default_factory=list)
     recovered: bool = False
     recovery_s: float | None = None
     report: checker.Report = field(default_factory=checker.Report)
@@ -332,6 +333,7 @@ class Campaign:
                 before_each()
             last = self.cli(database, *args, redis=redis, timeout=max(30.0, deadline - time.monotonic() + 30))
             res.recovery_runs += 1
+            res.recovery_rcs.append(last.rc)
             if last.rc == EXIT_OK and last.status == "SUCCESS" and (done is None or done(last)):
                 res.recovered = True
                 res.recovery_s = time.monotonic() - t_fault

@@ -52,7 +52,8 @@ def details(results: list[FaultResult]) -> list[str]:
             lines.append(f"   - untruthful outcome: {r.truth_violation}")
         if r.injected:
             rec = f"{r.recovery_s:.1f} s" if r.recovery_s is not None else "not reached"
-            lines.append(f"   - recovery: {r.recovery_runs} run(s), SUCCESS after {rec}")
+            rcs = _rcs(r.recovery_rcs)
+            lines.append(f"   - recovery: {r.recovery_runs} run(s){rcs}, SUCCESS after {rec}")
             lines.append(f"   - invariants: {r.report.describe()}")
             shown = {k: v for k, v in r.report.info.items() if k in INFO_KEYS}
             if shown:
@@ -62,6 +63,20 @@ def details(results: list[FaultResult]) -> list[str]:
         if r.error:
             lines.append(f"   - campaign error: {r.error}")
     return lines
+
+
+def _rcs(codes: list[int]) -> str:
+    """Exit codes of the recovery runs, run-length encoded: ` (exit 75 ×6, 0)`."""
+    if not codes:
+        return ""
+    parts: list[str] = []
+    for code in codes:
+        if parts and parts[-1].split(" ×")[0] == str(code):
+            n = int(parts[-1].split(" ×")[1]) + 1 if " ×" in parts[-1] else 2
+            parts[-1] = f"{code} ×{n}"
+        else:
+            parts.append(str(code))
+    return " (exit " + ", ".join(parts) + ")"
 
 
 def fuzz_lines(rows: list[dict[str, Any]], *, cli: bool) -> list[str]:
