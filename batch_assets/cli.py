@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--run-date", default=None, help="YYYY-MM-DD (default: today in BATCH_ASSETS_TIMEZONE)")
     cs.add_argument("--workers", type=positive("workers", MAXIMA["workers"]), default=None)
     cs.add_argument("--window", type=positive("window", MAXIMA["window"]), default=None)
-    cs.add_argument("--page-size", type=positive("page-size", MAXIMA["page_size"]), default=None)
+    cs.add_argument("--page-size", type=positive("page_size", MAXIMA["page_size"]), default=None)
     cs.add_argument("--ranges", type=positive("ranges", MAX_RANGES), default=None,
                     help="cursor ranges for full/config-change (one mapped op each)")
     cs.add_argument("--lock-fail-open", action="store_true",

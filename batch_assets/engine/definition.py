@@ -175,7 +175,7 @@ class SweepDefinition(WritePlan):
         result = conn.exec_driver_sql(sql, self.page_params(cursor, limit, cursor_range))
         try:
             # Plain driver tuples (not sa.Row): the hot path's row type, ~25% cheaper per row to load.
-            return result.cursor.fetchall()
+            return list(result.cursor.fetchall())
         finally:
             result.close()
 

@@ -198,9 +198,10 @@ class _Run:
             prefetch.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=reason is None, cancel_futures=True)
             self._close_reader()
-        if reason is None and self.checkpoints is not None:
+        store = self.checkpoints
+        if reason is None and store is not None:
             try:
-                self._retrying("completion record", lambda: self.checkpoints.complete(
+                self._retrying("completion record", lambda: store.complete(
                     self.definition.name, self.ctx.mode, self.range_key))
             except PageNotDone as exc:
                 reason = f"the range finished but its completion was not recorded: {exc}"

@@ -28,13 +28,18 @@ __all__ = ["GuardSettings", "RunGuard", "job_guard", "steal_lease"]
 
 
 class GuardSettings(Protocol):
-    """The fields of SweepSettings that job_guard reads."""
+    """The fields of SweepSettings that job_guard reads (read-only, so frozen dataclasses conform)."""
 
-    lock_ttl_s: float
-    lock_min_s: float
-    lock_fail_open: bool
-    lease_ttl_s: float
-    heartbeat_s: float
+    @property
+    def lock_ttl_s(self) -> float: ...
+    @property
+    def lock_min_s(self) -> float: ...
+    @property
+    def lock_fail_open(self) -> bool: ...
+    @property
+    def lease_ttl_s(self) -> float: ...
+    @property
+    def heartbeat_s(self) -> float: ...
 
 
 class RunGuard:

@@ -276,8 +276,8 @@ class RedisJobLock:
         with self._translate():
             if self._acquire(keys=self._keys(name), args=[owner, _ms(ttl_s), min_ms]):
                 return True
-            holder = self.client.get(self._keys(name)[0])
-            if not provably_dead(holder):
+            holder = self._get(name)
+            if holder is None or not provably_dead(holder):
                 return False
             taken = bool(self._take_over(keys=self._keys(name), args=[holder, owner, _ms(ttl_s), min_ms]))
         if taken:
@@ -297,7 +297,11 @@ class RedisJobLock:
     def holder(self, name: str) -> str | None:
         """The owner of a live lock, or None."""
         with self._translate():
-            return self.client.get(self._keys(name)[0])
+            return self._get(name)
+
+    def _get(self, name: str) -> str | None:
+        value = self.client.get(self._keys(name)[0])  # decode_responses=True: str or None
+        return value if value is None or isinstance(value, str) else bytes(value).decode()
 
     def close(self) -> None:
         """Close the client's connections."""

@@ -61,7 +61,7 @@ def release_failed_run(engine: sa.Engine, lock: JobLock, *, job_key: str, root_r
     """
     released = False
     lease_holder = lease_owner(engine, job_key)
-    if owned_by_run(lease_holder, root_run_id):
+    if lease_holder is not None and owned_by_run(lease_holder, root_run_id):
         Lease(engine, job_key, lease_holder, 1).release()
         released = True
     try:
@@ -69,7 +69,7 @@ def release_failed_run(engine: sa.Engine, lock: JobLock, *, job_key: str, root_r
     except LockStoreUnavailable as exc:
         log.warning("job lock %r not released, it will expire: %s", job_key, exc)
         return released
-    if owned_by_run(lock_holder, root_run_id):
+    if lock_holder is not None and owned_by_run(lock_holder, root_run_id):
         lock.release(job_key, lock_holder)
         released = True
     return released

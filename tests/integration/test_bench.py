@@ -1,39 +1,280 @@
-"""`batch-assets bench` runs end to end on a scratch database and writes its JSON report."""
+"""`batch-assets bench`: the report, its references, its renderer and its checker, on a real PostgreSQL."""
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
+from datetime import date
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+from batch_assets.bench import check, plans, queue, references, render
+from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
+from batch_assets.seed import seed_customers
+
+pytestmark = [pytest.mark.integration]
+
+ROWS, SMALL_ROWS, NAIVE_SAMPLE = 10_000, 2_000, 500
+RUN_DATE = date(2026, 6, 15)
 
 
-def test_bench_writes_a_report_and_leaves_no_scratch_database(cli_env: dict[str, str], tmp_path: Path) -> None:
-    """A small bench run reports every scenario with rows/s and statements per page, then drops its database."""
-    output = tmp_path / "bench.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "batch_assets.cli", "bench", "--rows", "10000", "--small-rows", "1000",
-         "--output", str(output)],
-        env=cli_env, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(output.read_text())
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == report
-    results = report["results"]
-    for key in ("full_first_computation_w1", "full_steady_state_w1", "full_first_computation_w4",
-                "full_steady_state_w4", "delta_500_due"):
-        assert results[key]["rows_per_s"] > 0 and results[key]["statements_per_page"] >= 1
-    assert results["full_first_computation_w1"]["changed"] == 10000
-    assert results["full_steady_state_w1"]["changed"] == 0
-    assert results["delta_500_due"]["changed"] == 500
-    assert results["peak_rss_small"]["rows"] == 1000 and results["peak_rss_large"]["peak_rss_mib"] > 0
-    engine = sa.create_engine(cli_env["BATCH_ASSETS_DATABASE_URL"])
+def _bench_env(server_url: str, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+    # The bench creates its scratch databases next to this one and never writes to it.
+    env.update(BATCH_ASSETS_DATABASE_URL=server_url, BATCH_ASSETS_HOME=str(home))
+    return env
+
+
+def _scratch_databases(server_url: str) -> int:
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
         left = conn.execute(sa.text("SELECT count(*) FROM pg_database WHERE datname LIKE 'ba_bench_%'")).scalar()
     engine.dispose()
-    assert left == 0
+    return int(left or 0)
+
+
+@pytest.fixture(scope="module")
+def bench_run(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One small --quick bench run for the whole module: its report, output folder, stdout and stderr."""
+    out = tmp_path_factory.mktemp("bench")
+    before = _scratch_databases(server_url)
+    result = subprocess.run(
+        [sys.executable, "-m", "batch_assets.cli", "bench", "--quick", "--rows", str(ROWS),
+         "--small-rows", str(SMALL_ROWS), "--naive-sample", str(NAIVE_SAMPLE), "--queue-payments", "200",
+         "--run-date", RUN_DATE.isoformat(), "--output-dir", str(out)],
+        env=_bench_env(server_url, out / "home"), capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"dir": out, "report": json.loads((out / "latest.json").read_text()), "stdout": result.stdout,
+            "stderr": result.stderr, "scratch_before": before}
+
+
+def _checker(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "batch_assets.bench.check", str(path), *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_a_complete_report_table_and_charts(bench_run: dict[str, Any], server_url: str) -> None:
+    """A --quick run measures every section, prints progress, writes JSON + table + PNGs and drops its databases."""
+    report, out = bench_run["report"], bench_run["dir"]
+    assert json.loads(bench_run["stdout"].strip().splitlines()[-1]) == report
+    assert (out / f"bench-{report['created_at'][:10]}-quick.json").is_file()
+    for name in ("latest.md", "throughput.png", "rss.png", "queue.png"):
+        assert (out / name).stat().st_size > 0
+    assert "(1/10) seeding" in bench_run["stderr"] and "done in" in bench_run["stderr"]
+    sweep = report["sweep"]
+    assert sweep["full_first_computation_w1"]["changed"] == ROWS
+    assert sweep["full_steady_state_w4"]["changed"] == 0
+    assert sweep["delta_500_due"]["changed"] == 500
+    assert 0 < sweep["config_change"]["decrypted"] < ROWS
+    assert report["references"]["naive"]["sample_rows"] == NAIVE_SAMPLE
+    assert report["references"]["floor"]["full_first_computation"]["changed"] == ROWS
+    assert report["checks"]["second_run_writes"]["full_steady_state_w1"] == {
+        "customers": 0, "outbox_events": 0, "review_triggers": 0}
+    assert all(plan["index_scan"] for plan in report["checks"]["plans"]), report["checks"]["plans"]
+    assert report["startup"]["startup_s"] > 0
+    assert report["checks"]["peak_rss"]["small"]["rows"] == SMALL_ROWS
+    assert _scratch_databases(server_url) == bench_run["scratch_before"]
+
+
+@pytest.mark.slow
+def test_checker_passes_the_run_and_names_a_missing_queue_section(bench_run: dict[str, Any]) -> None:
+    """The checker accepts the run's report; without the queue module it fails unless --allow-missing queue."""
+    path = bench_run["dir"] / "latest.json"
+    if queue.load_queue_bench() is None:
+        assert bench_run["report"]["queue"]["status"] == "not measured"
+        failed = _checker(path)
+        assert failed.returncode == 1 and "queue: not measured" in failed.stdout
+        passed = _checker(path, "--allow-missing", "queue")
+    else:
+        passed = _checker(path)
+    assert passed.returncode == 0, passed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (lambda r: r["checks"]["second_run_writes"]["full_steady_state_w1"].update(customers=3),
+         "a second run wrote rows"),
+        (lambda r: r["sweep"]["full_first_computation_w4"].update(changed=ROWS - 1), "changed is 9999"),
+        (lambda r: r["checks"]["plans"][0].update(index_scan=False), "is not an index scan"),
+        (lambda r: r.pop("startup"), "startup is missing"),
+        (lambda r: r["sweep"]["config_change"].update(skipped_by_pre_check=0), "decrypted + skipped_by_pre_check"),
+        (lambda r: r["references"]["floor"].pop("full_steady_state"), "full_steady_state is missing"),
+        (lambda r: r["checks"]["peak_rss"].update(ratio_large_over_small=2.0), "ratio_large_over_small"),
+    ],
+)
+def test_checker_finds_an_inconsistent_report(
+    bench_run: dict[str, Any], tamper: Callable[[dict[str, Any]], Any], message: str
+) -> None:
+    """Each kind of inconsistency is reported by name."""
+    report = copy.deepcopy(bench_run["report"])
+    assert not [p for p in check.check_report(report, allow_missing=("queue",)) if message in p]
+    tamper(report)
+    assert any(message in p for p in check.check_report(report, allow_missing=("queue",)))
+
+
+@pytest.mark.slow
+def test_checker_fails_when_the_table_was_not_rendered_from_the_report(
+    bench_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """A hand-edited table next to the report is caught."""
+    for name in ("latest.json", "latest.md", "throughput.png", "rss.png", "queue.png"):
+        (tmp_path / name).write_bytes((bench_run["dir"] / name).read_bytes())
+    assert _checker(tmp_path / "latest.json", "--allow-missing", "queue").returncode == 0
+    table = tmp_path / "latest.md"
+    table.write_text(table.read_text().replace("rows/s", "rows per second", 1))
+    result = _checker(tmp_path / "latest.json", "--allow-missing", "queue")
+    assert result.returncode == 1 and "was not rendered from this report" in result.stdout
+
+
+def _fake_run_queue_bench(calls: list[dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """A stand-in of payments.benchmark.run_queue_bench with its documented return shape (test only)."""
+
+    def run_queue_bench(database_url: str, *, payments: int = 100_000, quick: bool = False,
+                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        calls.append({"url": database_url, "payments": payments, "quick": quick, "progress": progress})
+        return {"payments": payments, "worker_processes": 2, "product_per_s": 4200.0, "floor_per_s": 6000.0,
+                "ratio": 0.7, "pickup_latency_ms": {"p50": 3.5, "p99": 18.25, "samples": 400},
+                "http_stub": {"latency_ms": 50, "concurrency": 64, "payments": 2000, "per_s": 1100.0,
+                              "target_per_s": 1024.0}}
+
+    return run_queue_bench
+
+
+@pytest.mark.slow
+def test_queue_section_is_rendered_into_table_chart_and_readme(bench_run: dict[str, Any], tmp_path: Path) -> None:
+    """run_queue_bench's figures land in the report, the markdown table, the queue chart and the README."""
+    calls: list[dict[str, Any]] = []
+    said: list[str] = []
+    section = queue.queue_section("postgresql+psycopg://bench/db", payments=2000, quick=True, progress=said.append,
+                                  run=_fake_run_queue_bench(calls))
+    assert calls == [{"url": "postgresql+psycopg://bench/db", "payments": 2000, "quick": True,
+                      "progress": said.append}]
+    report = dict(bench_run["report"], queue=section)
+    assert check.check_report(report) == []
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{render.README_BEGIN}\nold figures\n{render.README_END}\n\ntail\n")
+    unmeasured = (bench_run["dir"] / "queue.png").read_bytes()
+    render.write_outputs(report, tmp_path / "out", readme=readme)
+    table = (tmp_path / "out" / "latest.md").read_text()
+    assert "4,200 payments/s (0.70× the floor)" in table
+    assert "p50 3.5 ms · p99 18.2 ms" in table and "5.1k–6.9k jobs/s" in table
+    assert "1,100 payments/s (target 1,024 payments/s)" in table
+    assert (tmp_path / "out" / "queue.png").read_bytes() != unmeasured
+    assert check.check_readme(report, readme) == [] and readme.read_text().endswith("\n\ntail\n")
+    assert check.check_outputs(report, tmp_path / "out") == []
+
+
+def test_bad_options_exit_2_and_write_nothing(server_url: str, tmp_path: Path) -> None:
+    """A size out of bounds is one line on stderr and exit 2, before any database or file is made."""
+    out = tmp_path / "out"
+    for argv in (["--rows", "5"], ["--quick", "--small-rows", "50000"], ["--workers", "1,x"],
+                 ["--queue-payments", "0"]):
+        result = subprocess.run([sys.executable, "-m", "batch_assets.cli", "bench", *argv, "--output-dir", str(out)],
+                                env=_bench_env(server_url, tmp_path / "home"), capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 2, (argv, result.stderr)
+        assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: ")
+    assert not out.exists()
+
+
+# --- the references, against the contract ------------------------------------------------------
+
+
+def _categories(engine: sa.Engine) -> dict[str, tuple[str | None, date | None]]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT id, age_category, next_review_date FROM customers")).all()
+    return {str(r[0]): (r[1], r[2]) for r in rows}
+
+
+def _expected(engine: sa.Engine, cipher: Any) -> dict[str, tuple[str, date]]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT id, encrypted_dob FROM customers")).all()
+    out = {}
+    for customer_id, blob in rows:
+        result = evaluate(parse_dob(cipher.decrypt_text(customer_id, bytes(blob))), RUN_DATE, DEFAULT_RULES)
+        out[str(customer_id)] = (result.category, result.next_review_date)
+    return out
+
+
+def test_floor_writes_what_the_contract_says_and_nothing_on_a_second_pass(
+    engine: sa.Engine, db_url: str, cipher: Any
+) -> None:
+    """The floor sets every category and date of CONTRACT §5 with one event each; a second pass writes nothing."""
+    seed_customers(engine, cipher, 2500, run_date=RUN_DATE, seed=5)
+    first = references.run_floor(db_url, cipher, RUN_DATE, DEFAULT_RULES)
+    assert first["scanned"] == first["changed"] == first["outbox_events"] == 2500 and first["pages"] == 3
+    assert _categories(engine) == _expected(engine, cipher)
+    second = references.run_floor(db_url, cipher, RUN_DATE, DEFAULT_RULES)
+    assert second["scanned"] == 2500 and second["changed"] == 0 and second["outbox_events"] == 0
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM outbox_events")).scalar() == 2500
+
+
+def test_floor_counts_rows_it_cannot_evaluate_and_leaves_them(engine: sa.Engine, db_url: str, cipher: Any) -> None:
+    """Rows with no ciphertext, a bad value or a foreign ciphertext are counted and not written."""
+    report = seed_customers(engine, cipher, 1200, run_date=RUN_DATE, seed=6, bad_fraction=0.1)
+    bad = sum(report.bad_by_kind.values())
+    result = references.run_floor(db_url, cipher, RUN_DATE, DEFAULT_RULES)
+    assert bad > 0 and result["failed"] == bad and result["changed"] == 1200 - bad
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM customers WHERE age_category IS NULL")).scalar() == bad
+
+
+def test_naive_job_saves_its_sample_row_by_row_and_scales_with_its_offsets(
+    engine: sa.Engine, db_url: str, cipher: Any
+) -> None:
+    """The naive job computes the contract's result for its sample only, and its estimate covers the whole table."""
+    seed_customers(engine, cipher, 3000, run_date=RUN_DATE, seed=7)
+    result = references.run_naive(db_url, cipher, RUN_DATE, DEFAULT_RULES, sample_rows=1500, table_rows=3000)
+    assert result["sample_rows"] == 1500 and result["table_rows"] == 3000
+    done = {k: v for k, v in _categories(engine).items() if v[0] is not None}
+    expected = _expected(engine, cipher)
+    assert len(done) == 1500 and all(expected[k] == v for k, v in done.items())
+    assert [o["offset"] for o in result["offset_page_ms"]] == [0, 500, 1000, 1500, 2000]
+    # The estimate is the per-row cost for every row plus every OFFSET page (figures rounded to 0.1 s).
+    assert result["estimated_offset_pages_s"] >= 0
+    assert result["estimated_s"] == pytest.approx(
+        3000 * result["per_row_ms"] / 1000 + result["estimated_offset_pages_s"], abs=0.11)
+
+
+# --- plan verdicts ----------------------------------------------------------------------------
+
+
+def _plan(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"Plan": node}]
+
+
+INDEX_SCAN = {"Node Type": "Index Scan", "Relation Name": "customers", "Index Name": "customers_due_idx"}
+BITMAP_SCAN = {"Node Type": "Bitmap Heap Scan", "Relation Name": "payments",
+               "Plans": [{"Node Type": "Bitmap Index Scan", "Index Name": "payments_pkey"}]}
+
+
+@pytest.mark.parametrize(
+    ("plan", "table", "keyset", "passes"),
+    [
+        ({"Node Type": "Limit", "Plans": [INDEX_SCAN]}, "customers", True, True),
+        ({"Node Type": "Limit", "Plans": [{"Node Type": "Sort", "Plans": [INDEX_SCAN]}]}, "customers", True, False),
+        ({"Node Type": "Limit", "Plans": [{"Node Type": "Seq Scan", "Relation Name": "customers"}]},
+         "customers", True, False),
+        ({"Node Type": "ModifyTable", "Relation Name": "payments", "Plans": [BITMAP_SCAN]}, "payments", False, True),
+        ({"Node Type": "ModifyTable", "Relation Name": "payments",
+          "Plans": [{"Node Type": "Hash Join", "Plans": [{"Node Type": "Seq Scan", "Relation Name": "payments"},
+                                                         BITMAP_SCAN]}]}, "payments", False, False),
+    ],
+)
+def test_plan_verdict_needs_index_access_and_an_index_order_for_keyset_reads(
+    plan: dict[str, Any], table: str, keyset: bool, passes: bool
+) -> None:
+    """Index and bitmap-index scans pass; a sequential scan fails; a keyset read that sorts fails."""
+    assert plans.verdict("q", table, _plan(plan), keyset=keyset)["index_scan"] is passes

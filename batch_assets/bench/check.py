@@ -1,0 +1,273 @@
+"""Is a bench report complete and consistent? Never: was it fast?
+
+    python -m batch_assets.bench.check REPORT.json [--allow-missing queue] [--readme README.md]
+
+Checks that every section is there, that the counts agree with each other and
+with the sizes asked for (a first computation changes every row, a second run
+writes nothing, the config-change pre-check accounts for every row it did not
+decrypt, ...), that every explained query uses an index, that the markdown
+table and the charts beside the report were made from it, and, with
+--readme, that the README shows the same tables. Speeds are only required to
+be positive numbers. Exit 0 when all hold, 1 with one line per problem, 2 on
+bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from batch_assets.bench import render
+
+OPTIONAL_SECTIONS = ("queue",)
+EXPECTED_PLANS = ("delta first page", "delta next page", "full first page", "full next page", "payment claim")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+QUEUE_KEYS = ("payments", "worker_processes", "product_per_s", "floor_per_s", "ratio", "pickup_latency_ms",
+              "http_stub")
+
+
+class Checker:
+    """Collects problems as readable one-line messages."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def that(self, condition: bool, message: str) -> bool:
+        if not condition:
+            self.problems.append(message)
+        return condition
+
+    def positive(self, entry: dict[str, Any], key: str, where: str) -> bool:
+        value = entry.get(key)
+        return self.that(isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
+                         f"{where}.{key} must be a positive number, got {value!r}")
+
+    def section(self, report: dict[str, Any], key: str, where: str = "report") -> dict[str, Any]:
+        value = report.get(key)
+        if not self.that(isinstance(value, dict) and bool(value), f"{where}.{key} is missing"):
+            return {}
+        return value
+
+
+def close(a: float, b: float, tolerance: float = 0.02) -> bool:
+    """Equal up to the rounding of the report's figures."""
+    return math.isclose(a, b, rel_tol=tolerance, abs_tol=0.01)
+
+
+def check_report(report: dict[str, Any], *, allow_missing: tuple[str, ...] = ()) -> list[str]:
+    """Every problem of the report, one message each (empty: complete and consistent)."""
+    c = Checker()
+    c.that(report.get("schema") == 2, f"report.schema must be 2, got {report.get('schema')!r}")
+    c.that(report.get("status") == "SUCCESS", f"report.status must be SUCCESS, got {report.get('status')!r}")
+    for key in ("rows", "small_rows", "page_size", "seed_s", "duration_s"):
+        c.positive(report, key, "report")
+    for key in ("command", "created_at", "run_date", "machine"):
+        c.that(bool(report.get(key)), f"report.{key} is missing")
+    rows, workers = report.get("rows", 0), report.get("workers") or []
+    c.that(bool(workers), "report.workers is empty")
+    c.that(report.get("small_rows", 0) < rows, "report.small_rows must be below report.rows")
+    _check_sweep(c, report, rows, workers)
+    _check_references(c, report, rows)
+    _check_startup(c, report)
+    _check_checks(c, report, rows, workers)
+    _check_queue(c, report, allow_missing)
+    return c.problems
+
+
+def _check_sweep(c: Checker, report: dict[str, Any], rows: int, workers: list[int]) -> None:
+    sweep = c.section(report, "sweep")
+    floor = (report.get("references") or {}).get("floor") or {}
+    pages = math.ceil(rows / max(report.get("page_size", 1), 1))
+    for w in workers:
+        for kind in ("first_computation", "steady_state"):
+            name = render.sweep_key(kind, w)
+            entry = c.section(sweep, name, "sweep")
+            if not entry:
+                continue
+            where = f"sweep.{name}"
+            for key in ("rows_per_s", "sweep_s", "engine_duration_s", "statements_per_page",
+                        "data_statements_per_page"):
+                c.positive(entry, key, where)
+            c.that(entry.get("scanned") == rows, f"{where}.scanned is {entry.get('scanned')}, the table has {rows}")
+            c.that(entry.get("decrypted") == rows, f"{where}.decrypted is {entry.get('decrypted')}, not {rows}")
+            c.that(entry.get("failed") == 0, f"{where}.failed is {entry.get('failed')}, not 0")
+            c.that(entry.get("pages") == pages, f"{where}.pages is {entry.get('pages')}, expected {pages}")
+            expected = rows if kind == "first_computation" else 0
+            c.that(entry.get("changed") == expected, f"{where}.changed is {entry.get('changed')}, expected {expected}")
+            c.that(entry.get("statements_per_page", 0) >= entry.get("data_statements_per_page", 0) >= 1,
+                   f"{where}: statements per page must count at least the data statements (>= 1)")
+            ref = floor.get(f"full_{kind}") or {}
+            if ref.get("sweep_s") and entry.get("sweep_s"):
+                c.that(close(entry.get("floor_time_ratio", -1), entry["sweep_s"] / ref["sweep_s"]),
+                       f"{where}.floor_time_ratio does not equal sweep_s / the floor's sweep_s")
+    delta = c.section(sweep, "delta_500_due", "sweep")
+    if delta:
+        c.that(delta.get("changed") == 500 and delta.get("scanned") == 500,
+               f"sweep.delta_500_due must read and change the 500 due rows, got scanned={delta.get('scanned')} "
+               f"changed={delta.get('changed')}")
+        c.positive(delta, "sweep_s", "sweep.delta_500_due")
+    cc = c.section(sweep, "config_change", "sweep")
+    if cc:
+        c.that(cc.get("scanned") == rows, f"sweep.config_change.scanned is {cc.get('scanned')}, not {rows}")
+        c.that(cc.get("decrypted", 0) + cc.get("skipped_by_pre_check", -1) == cc.get("scanned"),
+               "sweep.config_change: decrypted + skipped_by_pre_check must equal scanned")
+        c.that(cc.get("skipped_by_pre_check", 0) > 0, "sweep.config_change: the pre-check skipped no row")
+        c.that(0 < cc.get("changed", 0) <= cc.get("decrypted", 0),
+               "sweep.config_change.changed must be positive and at most the rows decrypted")
+        c.that(cc.get("workers") in workers, "sweep.config_change.workers is not one of report.workers")
+        c.positive(cc, "rows_per_s", "sweep.config_change")
+
+
+def _check_references(c: Checker, report: dict[str, Any], rows: int) -> None:
+    refs = c.section(report, "references")
+    naive = c.section(refs, "naive", "references")
+    if naive:
+        for key in ("sample_rows", "sample_s", "sample_rows_per_s", "per_row_ms", "estimated_s",
+                    "estimated_rows_per_s"):
+            c.positive(naive, key, "references.naive")
+        c.that(naive.get("table_rows") == rows, "references.naive.table_rows is not report.rows")
+        c.that(naive.get("sample_failed") == 0, "references.naive.sample_failed must be 0")
+        c.that(len(naive.get("offset_page_ms") or []) >= 2, "references.naive.offset_page_ms needs 2+ samples")
+        linear = rows * naive.get("per_row_ms", 0) / 1000
+        c.that(naive.get("estimated_s", 0) >= linear - 0.1,
+               "references.naive.estimated_s is below its own per-row cost times the rows")
+    floor = c.section(refs, "floor", "references")
+    for kind, changed in (("first_computation", rows), ("steady_state", 0)):
+        entry = c.section(floor, f"full_{kind}", "references.floor") if floor else {}
+        if entry:
+            where = f"references.floor.full_{kind}"
+            c.positive(entry, "rows_per_s", where)
+            c.that(entry.get("scanned") == rows, f"{where}.scanned is {entry.get('scanned')}, not {rows}")
+            c.that(entry.get("changed") == changed, f"{where}.changed is {entry.get('changed')}, not {changed}")
+            c.that(entry.get("outbox_events") == changed, f"{where}.outbox_events is not {changed}")
+
+
+def _check_startup(c: Checker, report: dict[str, Any]) -> None:
+    startup = c.section(report, "startup")
+    if not startup:
+        return
+    runs = startup.get("runs") or []
+    c.that(len(runs) >= 1, "startup.runs is empty")
+    for i, run in enumerate(runs):
+        c.that(run.get("cli_wall_s", 0) > run.get("engine_duration_s", 0) >= 0,
+               f"startup.runs[{i}]: the CLI wall time must exceed the engine's duration_s")
+        c.that(close(run.get("startup_s", -1), run.get("cli_wall_s", 0) - run.get("engine_duration_s", 0)),
+               f"startup.runs[{i}].startup_s is not cli_wall_s - engine_duration_s")
+    c.positive(startup, "startup_s", "startup")
+
+
+def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[int]) -> None:
+    checks = c.section(report, "checks")
+    plans = {p.get("query"): p for p in checks.get("plans") or []}
+    for name in EXPECTED_PLANS:
+        plan = plans.get(name)
+        if c.that(plan is not None, f"checks.plans has no EXPLAIN of the {name} query"):
+            c.that(plan.get("index_scan") is True,
+                   f"checks.plans: the {name} query is not an index scan "
+                   f"({plan.get('other_scans') or plan.get('error') or 'no index'})")
+    rss = c.section(checks, "peak_rss", "checks")
+    if rss:
+        small, large = rss.get("small") or {}, rss.get("large") or {}
+        c.that(small.get("rows") == report.get("small_rows") and large.get("rows") == rows,
+               "checks.peak_rss must be measured at report.small_rows and report.rows")
+        c.that(small.get("scanned") == small.get("rows") and large.get("scanned") == large.get("rows"),
+               "checks.peak_rss: each sweep must scan its whole table")
+        if c.positive(small, "peak_rss_mib", "checks.peak_rss.small") and c.positive(
+                large, "peak_rss_mib", "checks.peak_rss.large"):
+            c.that(close(rss.get("ratio_large_over_small", -1), large["peak_rss_mib"] / small["peak_rss_mib"]),
+                   "checks.peak_rss.ratio_large_over_small is not large / small")
+    writes = checks.get("second_run_writes") or {}
+    for w in workers:
+        name = f"full_steady_state_w{w}"
+        counts = writes.get(name)
+        if c.that(isinstance(counts, dict) and bool(counts), f"checks.second_run_writes.{name} is missing"):
+            c.that(all(v == 0 for v in counts.values()),
+                   f"checks.second_run_writes.{name}: a second run wrote rows {counts}")
+
+
+def _check_queue(c: Checker, report: dict[str, Any], allow_missing: tuple[str, ...]) -> None:
+    q = report.get("queue")
+    if not isinstance(q, dict) or q.get("status") != "measured":
+        reason = (q or {}).get("reason", "no queue section") if isinstance(q, dict) else "no queue section"
+        c.that("queue" in allow_missing, f"queue: not measured ({reason})")
+        return
+    for key in QUEUE_KEYS:
+        c.that(key in q, f"queue.{key} is missing")
+    if any(key not in q for key in QUEUE_KEYS):
+        return
+    for key in ("payments", "product_per_s", "floor_per_s", "ratio"):
+        c.positive(q, key, "queue")
+    c.that(q.get("worker_processes") == 2, f"queue.worker_processes must be 2, got {q.get('worker_processes')}")
+    if q.get("floor_per_s"):
+        c.that(close(q.get("ratio", -1), q.get("product_per_s", 0) / q["floor_per_s"], 0.05),
+               "queue.ratio is not product_per_s / floor_per_s")
+    lat = q.get("pickup_latency_ms") or {}
+    c.that(lat.get("samples", 0) > 0, "queue.pickup_latency_ms.samples must be positive")
+    c.that(0 <= lat.get("p50", -1) <= lat.get("p99", -1), "queue.pickup_latency_ms needs 0 <= p50 <= p99")
+    stub = q.get("http_stub") or {}
+    for key in ("latency_ms", "concurrency", "payments", "per_s", "target_per_s"):
+        c.positive(stub, key, "queue.http_stub")
+
+
+def check_outputs(report: dict[str, Any], directory: Path) -> list[str]:
+    """The table and charts beside a report were made from it."""
+    c = Checker()
+    table = directory / render.TABLE_FILE
+    if c.that(table.is_file(), f"{table} is missing"):
+        c.that(table.read_text() == render.markdown(report),
+               f"{table} was not rendered from this report (run: batch-assets bench --render ... )")
+    for name in render.CHART_FILES.values():
+        path = directory / name
+        if c.that(path.is_file(), f"{path} is missing"):
+            c.that(path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 2000, f"{path} is not a PNG chart")
+    return c.problems
+
+
+def check_readme(report: dict[str, Any], readme: Path) -> list[str]:
+    """The README shows the report's tables, between its markers."""
+    shown = render.readme_tables(readme)
+    if shown is None:
+        return [f"{readme} has no bench tables between {render.README_BEGIN!r} and {render.README_END!r}"]
+    if shown != render.tables(report):
+        return [f"{readme} does not show this report's tables (run: batch-assets bench --render REPORT "
+                f"--readme {readme})"]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m batch_assets.bench.check", description=__doc__.splitlines()[0])
+    parser.add_argument("report", type=Path)
+    parser.add_argument("--allow-missing", action="append", default=[], choices=OPTIONAL_SECTIONS,
+                        help="a section that may be 'not measured' (only: queue)")
+    parser.add_argument("--readme", type=Path, default=None, help="also check this README shows the tables")
+    args = parser.parse_args(argv)
+    try:
+        report = json.loads(args.report.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read {args.report}: {type(exc).__name__}", file=sys.stderr)
+        return 2
+    problems = check_report(report, allow_missing=tuple(args.allow_missing))
+    latest = args.report.parent / render.LATEST_JSON
+    if latest.is_file() and json.loads(latest.read_text()) == report:
+        problems += check_outputs(report, args.report.parent)
+    else:
+        problems.append(f"{args.report} is not the latest report of its folder ({latest}): its table and charts "
+                        "cannot be checked")
+    if args.readme is not None:
+        problems += check_readme(report, args.readme)
+    for problem in problems:
+        print(f"FAIL {problem}")
+    if problems:
+        print(f"{args.report}: {len(problems)} problem(s)")
+        return 1
+    allowed = f" (allowed missing: {', '.join(args.allow_missing)})" if args.allow_missing else ""
+    print(f"{args.report}: complete and consistent{allowed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""`batch-assets bench`: every measurement of the report, in one command, on one dedicated database.
+
+Order of a run (each step prints a progress line on stderr):
+
+1. seed N fresh customers with COPY on a scratch database next to the configured one;
+2. the naive job of seed 000 on a sample, and the single-stream floor (first computation,
+   then steady state) on the same rows;
+3. the product's sweep: full first computation and full steady state with each worker count
+   (counting statements per page and the rows a second run writes), delta with 500 due, and
+   config-change with its pre-check after a rules change;
+4. EXPLAIN of the delta, full-page and payment-claim queries;
+5. Dagster run start-up of a CLI sweep, on its own;
+6. the queue section (payments domain);
+7. peak RSS of a whole sweep at N rows and at the small size, each in a fresh process;
+8. the JSON report, the markdown table and the charts under --output-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from batch_assets.bench import memory, plans, references, render, scratch, startup, sweeps
+from batch_assets.bench.options import STARTUP_RUNS, BenchOptions, options_from
+from batch_assets.bench.queue import queue_section
+from batch_assets.errors import EXIT_OK, ConfigError
+from batch_assets.settings import Settings
+
+DUE_ROWS = 500
+COMMAND = "batch-assets bench"
+
+
+class Progress:
+    """Numbered progress lines on stderr, with the time since the bench started."""
+
+    def __init__(self, err: Callable[[str], None], steps: int) -> None:
+        self.err, self.steps, self.step = err, steps, 0
+        self.started = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        self.err(f"bench [{time.perf_counter() - self.started:6.1f} s] {message}")
+
+    def next(self, message: str) -> None:
+        self.step += 1
+        self(f"({self.step}/{self.steps}) {message}")
+
+
+def run_bench(
+    args: argparse.Namespace,
+    settings: Settings,
+    *,
+    emit: Callable[[dict[str, Any]], None],
+    err: Callable[[str], None],
+) -> int:
+    """Measure (or, with --render, only redraw) and write the report; the report is the last stdout line."""
+    if args.render:
+        return _render_only(args, err=err, emit=emit)
+    options = options_from(args)
+    report = measure(options, settings, err=err)
+    written = render.write_outputs(report, options.output_dir, readme=options.readme)
+    err("bench: wrote " + ", ".join(str(p) for p in written))
+    emit(report)
+    return EXIT_OK
+
+
+def _render_only(args: argparse.Namespace, *, err: Callable[[str], None],
+                 emit: Callable[[dict[str, Any]], None]) -> int:
+    source = Path(args.render)
+    try:
+        report = json.loads(source.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read a report from {source}: {type(exc).__name__}", field="render") from None
+    readme = Path(args.readme) if args.readme else None
+    if readme is not None and not readme.is_file():
+        raise ConfigError(f"{readme} is not a file", field="readme")
+    written = render.write_outputs(report, Path(args.output_dir), readme=readme)
+    err("bench: rendered " + ", ".join(str(p) for p in written))
+    emit({"status": "SUCCESS", "rendered": [str(p) for p in written]})
+    return EXIT_OK
+
+
+def _postgres_version(engine: sa.Engine) -> str:
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql("SHOW server_version").scalar_one()).split()[0]
+
+
+def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], None]) -> dict[str, Any]:
+    """Run every measurement and return the report (nothing is written to disk here)."""
+    from batch_assets.cli import today_in
+    from batch_assets.crypto import DobCipher, decode_key, generate_key_text
+    from batch_assets.db.engine import create_engine, resolve_database_url
+    from batch_assets.db.migrate import migrate
+    from batch_assets.domains.customer_status.rules import DEFAULT_RULES
+    from batch_assets.seed import seed_customers
+
+    run_date = options.run_date or today_in(settings.timezone)
+    key_text = generate_key_text()  # a throwaway key: bench data is synthetic
+    cipher = DobCipher(decode_key(key_text))
+    base_url = resolve_database_url(settings)
+    say = Progress(err, steps=8 + len(options.workers))
+    command = COMMAND + (" --quick" if options.quick else "")
+    report: dict[str, Any] = {
+        "schema": 2,
+        "status": "SUCCESS",
+        "command": command,
+        "quick": options.quick,
+        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    **({"note": options.note} if options.note else {})},
+        "rows": options.rows,
+        "small_rows": options.small_rows,
+        "workers": list(options.workers),
+        "page_size": references.PAGE_SIZE,
+        "run_date": run_date.isoformat(),
+        "sweep": {},
+        "references": {},
+        "checks": {"second_run_writes": {}},
+    }
+    sweep, checks = report["sweep"], report["checks"]
+    with scratch.scratch_database(base_url, scratch.scratch_name()) as url:
+        engine = create_engine(url, pool_size=12)
+        report["machine"]["postgres"] = _postgres_version(engine)
+        counter = scratch.StatementCounter(engine)
+        migrate(engine)
+        say.next(f"seeding {options.rows:,} customers")
+        seeded = seed_customers(engine, cipher, options.rows, run_date=run_date, seed=1)
+        report["seed_s"] = round(seeded.duration_s, 2)
+        scratch.vacuum(engine)
+
+        say.next(f"references: naive job on a {options.naive_sample:,}-row sample, then the single-stream floor")
+        report["references"]["naive"] = references.run_naive(
+            url, cipher, run_date, DEFAULT_RULES, sample_rows=options.naive_sample, table_rows=options.rows)
+        naive = report["references"]["naive"]
+        say(f"  naive: {naive['sample_rows_per_s']:,} rows/s on the sample, est. "
+            f"{render.seconds(naive['estimated_s'])} for {options.rows:,} rows")
+        scratch.reset_to_first_computation(engine)
+        floor: dict[str, Any] = {}
+        floor["full_first_computation"] = references.run_floor(url, cipher, run_date, DEFAULT_RULES)
+        scratch.vacuum(engine)
+        floor["full_steady_state"] = references.run_floor(url, cipher, run_date, DEFAULT_RULES)
+        report["references"]["floor"] = floor
+        say(f"  floor: {floor['full_first_computation']['rows_per_s']:,} rows/s first computation, "
+            f"{floor['full_steady_state']['rows_per_s']:,} rows/s steady state")
+
+        for workers in options.workers:
+            scratch.reset_to_first_computation(engine)
+            label = f"full, first computation, {workers} worker(s)"
+            say.next(f"product: {label}, then the same sweep again (steady state)")
+            first = sweeps.measured(engine, counter, cipher, "full", run_date, workers, say=say, label=label)
+            sweep[render.sweep_key("first_computation", workers)] = first
+            scratch.vacuum(engine)
+            mark = scratch.write_mark(engine)
+            steady = sweeps.measured(engine, counter, cipher, "full", run_date, workers, say=say,
+                                     label=f"full, steady state, {workers} worker(s)")
+            checks["second_run_writes"][f"full_steady_state_w{workers}"] = scratch.rows_written_since(engine, mark)
+            sweep[render.sweep_key("steady_state", workers)] = steady
+            say(f"  {first['rows_per_s']:,} rows/s first computation, {steady['rows_per_s']:,} rows/s steady state")
+        _add_floor_ratios(report)
+
+        say.next(f"product: delta with {DUE_ROWS} due over {options.rows:,} rows")
+        scratch.make_due(engine, run_date, DUE_ROWS)
+        sweep["delta_500_due"] = sweeps.measured(engine, counter, cipher, "delta", run_date, 1, say=say,
+                                                 label="delta")
+
+        workers = max(options.workers)
+        change = sweeps.change_rules(engine)
+        say.next(f"product: config-change after the rules change {change}, {workers} worker(s)")
+        scratch.vacuum(engine)
+        cc = sweeps.measured(engine, counter, cipher, "config-change", run_date, workers, say=say,
+                             label="config-change")
+        cc.update(workers=workers, change="YOUNG_ADULT 18 → 21", rules=change,
+                  skipped_by_pre_check=cc["scanned"] - cc["decrypted"])
+        sweep["config_change"] = cc
+
+        say.next("EXPLAIN (FORMAT JSON) of the delta, full-page and payment-claim queries")
+        checks["plans"] = [*plans.explain_sweep_reads(engine, run_date), plans.explain_claim(engine)]
+        engine.dispose()
+
+        say.next(f"Dagster run start-up: {STARTUP_RUNS} CLI delta sweeps with nothing due")
+        report["startup"] = startup.measure_startup(url, key_text, run_date, runs=STARTUP_RUNS)
+
+        say.next(f"queue section: {options.queue_payments:,} payments")
+        report["queue"] = queue_section(url, payments=options.queue_payments, quick=options.quick, progress=say)
+        if report["queue"]["status"] != "measured":
+            say(f"  queue: {report['queue']['status']}: {report['queue']['reason']}")
+
+        say.next(f"peak RSS of a whole sweep in a fresh process, at {options.rows:,} then {options.small_rows:,} rows")
+        large = {"rows": options.rows, **memory.measure_rss(url, key_text, run_date)}
+    with scratch.scratch_database(base_url, scratch.scratch_name()) as small_url:
+        small_engine = create_engine(small_url, pool_size=4)
+        migrate(small_engine)
+        seed_customers(small_engine, cipher, options.small_rows, run_date=run_date, seed=2)
+        small_engine.dispose()
+        small = {"rows": options.small_rows, **memory.measure_rss(small_url, key_text, run_date)}
+    checks["peak_rss"] = {"small": small, "large": large,
+                          "ratio_large_over_small": round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)}
+    report["duration_s"] = round(time.perf_counter() - say.started, 1)
+    say(f"done in {report['duration_s']:.0f} s")
+    return report
+
+
+def _add_floor_ratios(report: dict[str, Any]) -> None:
+    """Product time ÷ floor time for the same scenario (below 1: the product is faster than one stream)."""
+    floor = report["references"]["floor"]
+    for kind in ("first_computation", "steady_state"):
+        ref = floor.get(f"full_{kind}")
+        for workers in report["workers"]:
+            entry = report["sweep"].get(render.sweep_key(kind, workers))
+            if entry and ref and ref["sweep_s"] > 0:
+                entry["floor_time_ratio"] = round(entry["sweep_s"] / ref["sweep_s"], 3)
