@@ -15,7 +15,7 @@ def _recovery(results: list[FaultResult]) -> str:
     times = sorted(r.recovery_s for r in results if r.recovery_s is not None)
     if not times:
         return "—"
-    if len(times) == 1:
+    if len(times) == 1 or round(times[0]) == round(times[-1]):
         return f"{times[0]:.0f} s"
     return f"{times[0]:.0f}–{times[-1]:.0f} s"
 

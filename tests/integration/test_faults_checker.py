@@ -137,3 +137,17 @@ def test_detects_a_half_expired_subscription(engine: sa.Engine) -> None:
     with engine.connect() as conn:
         report = checker.check_subscriptions(conn, RUN_DATE, baseline, complete=True)
     assert report.violations == Counter({"subscription_partial": 2, "subscription_not_expired": 2}), report.describe()
+
+
+def test_detects_an_event_sent_but_not_in_the_sink(engine: sa.Engine) -> None:
+    """SENT must mean in the sink, except for events the sink itself lost (restarted empty); PENDING is a loss."""
+    with engine.begin() as conn:
+        ids = [conn.execute(sa.text(
+            "INSERT INTO outbox_events (aggregate_id, event_type, payload, status) "
+            "VALUES (:a, 'age_category_changed', '{}'::jsonb, :s) RETURNING id"), {"a": uuid.uuid4(), "s": status}
+        ).scalar() for status in ("SENT", "SENT", "SENT", "PENDING")]
+    with engine.connect() as conn:
+        report = checker.check_outbox_sent(conn, Counter({ids[0]: 2}), lost_by_sink={ids[1]})
+    assert report.violations == Counter({"event_not_sent": 2}), report.describe()
+    assert any(f"event {ids[2]} SENT but not in the sink" == e for e in report.examples["event_not_sent"])
+    assert report.info["sink_resends"] == 1
