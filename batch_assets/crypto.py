@@ -104,3 +104,8 @@ class DobCipher:
 def cipher_for(key: bytes) -> DobCipher:
     """One cipher object per process and key."""
     return DobCipher(key)
+
+
+def cipher_from_settings(settings: Settings) -> DobCipher:
+    """The cipher of the configured key (ConfigError, exit 2, when it is missing or malformed)."""
+    return cipher_for(load_key(settings))

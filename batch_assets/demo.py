@@ -29,25 +29,31 @@ def run_demo(
     emit: Callable[[dict[str, Any]], None],
     err: Callable[[str], None],
 ) -> int:
-    from batch_assets.cli import cipher_for_settings, engine_for, run_job, today_in
-    from batch_assets.db.engine import describe_target
+    from batch_assets.crypto import cipher_from_settings
+    from batch_assets.db.engine import connected_engine, describe_target
     from batch_assets.db.migrate import migrate
-    from batch_assets.orchestration.config import ExpiryConfig, OutboxRelayConfig, QueueDrainConfig, SweepConfig
+    from batch_assets.orchestration.config import (
+        ExpiryConfig,
+        OutboxRelayConfig,
+        QueueDrainConfig,
+        SweepConfig,
+        today_in,
+    )
 
     run_date = today_in(settings.timezone)
-    cipher = cipher_for_settings(settings)
-    engine = engine_for(settings)
+    cipher = cipher_from_settings(settings)
+    engine = connected_engine(settings)
     err(f"database: {describe_target(engine.url)} ({'embedded' if settings.embedded else 'configured'})")
     applied = migrate(engine)
     err(f"migrations applied: {[m.version for m in applied] or 'none pending'}")
 
     seeded: dict[str, int] = {}
     if _count(engine, "customers") == 0:
-        from batch_assets.cli import _current_rules
-        from batch_assets.seed import seed_customers
+        from batch_assets.domains.customer_status.rules_store import rules_in_force
+        from batch_assets.domains.customer_status.seed import seed_customers
 
         report = seed_customers(engine, cipher, rows, run_date=run_date, bad_fraction=0.002, seed=7,
-                                rules=_current_rules(engine))
+                                rules=rules_in_force(engine))
         seeded["customers"] = report.rows
         err(f"seeded {report.rows:,} customers in {report.duration_s:.1f}s")
     if _count(engine, "subscriptions") == 0:
@@ -83,7 +89,6 @@ def run_demo(
         if summary.get("status") == "FAILURE":
             worst = EXIT_FAILED
     err("open the Dagster UI on the same instance: make ui  (or: batch-assets ui)")
-    del run_job
     emit({"status": "SUCCESS" if worst == EXIT_OK else "FAILURE", "run_date": run_date.isoformat(),
           "seeded": seeded, "jobs": results})
     return worst

@@ -44,3 +44,21 @@ class LockStoreUnavailable(BatchAssetsError):
 
 class LeaseLost(BatchAssetsError):
     """This run no longer owns its lease; it must stop writing."""
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of a message, stripped: what goes on one line of stderr or in a summary."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def cause_line(exc: BaseException) -> str:
+    """The first line of an error's own message (the driver's error for a SQLAlchemy wrapper), or its type."""
+    cause = getattr(exc, "orig", None) or exc
+    return first_line(str(cause)) or type(cause).__name__
+
+
+def error_text(exc: BaseException) -> str:
+    """`Type: first line` of an error (the driver's own error for SQLAlchemy wrappers); never more than one line."""
+    cause = getattr(exc, "orig", None) or exc
+    line = first_line(str(cause))
+    return f"{type(cause).__name__}: {line}" if line else type(cause).__name__

@@ -23,6 +23,7 @@ HOME_VAR = "BATCH_ASSETS_HOME"
 TIMEZONE_VAR = "BATCH_ASSETS_TIMEZONE"
 DAGSTER_PG_URL_VAR = "BATCH_ASSETS_DAGSTER_PG_URL"
 TEST_DATABASE_URL_VAR = "BATCH_ASSETS_TEST_DATABASE_URL"
+AUTOMATION_VAR = "BATCH_ASSETS_AUTOMATION"
 RUN_DATE_WINDOW_VAR = "BATCH_ASSETS_RUN_DATE_WINDOW_DAYS"
 
 DEFAULT_RUN_DATE_WINDOW_DAYS = 366
@@ -112,3 +113,18 @@ def _window_days(text: str | None) -> int:
         raise ConfigError(f"must be a whole number of days from 1 to {MAX_RUN_DATE_WINDOW_DAYS}, got {text!r}",
                           field=RUN_DATE_WINDOW_VAR)
     return int(text)
+
+
+_AUTOMATION_VALUES = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def automation_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether schedules and run-starting sensors start RUNNING (CONTRACT §8): BATCH_ASSETS_AUTOMATION=off stops them.
+
+    Read when the code location loads (never at import time); an unknown value is a ConfigError naming the variable.
+    """
+    env = os.environ if environ is None else environ
+    value = (_get(env, AUTOMATION_VAR) or "on").lower()
+    if value not in _AUTOMATION_VALUES:
+        raise ConfigError(f"must be on or off, got {value!r}", field=AUTOMATION_VAR)
+    return _AUTOMATION_VALUES[value]

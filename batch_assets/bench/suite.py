@@ -95,12 +95,12 @@ def _postgres_version(engine: sa.Engine) -> str:
 
 def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], None]) -> dict[str, Any]:
     """Run every measurement and return the report (nothing is written to disk here)."""
-    from batch_assets.cli import today_in
     from batch_assets.crypto import DobCipher, decode_key, generate_key_text
     from batch_assets.db.engine import create_engine, resolve_database_url
     from batch_assets.db.migrate import migrate
     from batch_assets.domains.customer_status.rules import DEFAULT_RULES
-    from batch_assets.seed import seed_customers
+    from batch_assets.domains.customer_status.seed import seed_customers
+    from batch_assets.orchestration.config import today_in
 
     run_date = options.run_date or today_in(settings.timezone)
     key_text = generate_key_text()  # a throwaway key: bench data is synthetic

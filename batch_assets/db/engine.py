@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from batch_assets.errors import ConfigError, DatabaseUnavailable
+from batch_assets.errors import ConfigError, DatabaseUnavailable, cause_line
 from batch_assets.settings import DATABASE_URL_VAR, Settings
 
 DEFAULT_POOL_SIZE = 10
@@ -79,6 +79,13 @@ def get_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> sa.Engine:
         return engine
 
 
+def connected_engine(settings: Settings) -> sa.Engine:
+    """The process's engine for the configured database, after checking it answers (one-line error if not)."""
+    engine = get_engine(resolve_database_url(settings))
+    check_connection(engine)
+    return engine
+
+
 def dispose_engines() -> None:
     with _engines_lock:
         for engine in _engines.values():
@@ -88,9 +95,7 @@ def dispose_engines() -> None:
 
 def unavailable(url: str | sa.URL, exc: BaseException) -> DatabaseUnavailable:
     """Translate a driver error into a one-line `DatabaseUnavailable`."""
-    cause = getattr(exc, "orig", None) or exc
-    first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-    return DatabaseUnavailable(f"cannot reach database at {describe_target(url)}: {first_line}")
+    return DatabaseUnavailable(f"cannot reach database at {describe_target(url)}: {cause_line(exc)}")
 
 
 def check_connection(engine: sa.Engine) -> None:
@@ -145,13 +150,6 @@ def is_transient(exc: BaseException) -> bool:
     # Not a driver error but the connection's state after one (e.g. "Can't reconnect until invalid
     # transaction is rolled back", "This Connection is closed").
     return isinstance(exc, sa.exc.PendingRollbackError | sa.exc.InvalidRequestError | sa.exc.ResourceClosedError)
-
-
-def error_text(exc: BaseException) -> str:
-    """`Type: first line` of an error (the driver's own error for SQLAlchemy wrappers); never more than one line."""
-    cause = getattr(exc, "orig", None) or exc
-    lines = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {lines[0].strip()}" if lines else type(cause).__name__
 
 
 # How many more connections a non-superuser client can open now.

@@ -45,6 +45,9 @@ outbox_events = sa.Table(
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("created_at", TZ, nullable=False),
     sa.Column("sent_at", TZ, nullable=True),
+    sa.Column("claimed_by", sa.Text, nullable=True),
+    sa.Column("claimed_until", TZ, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
     sa.Index("outbox_events_pending_idx", "id"),
 )
 
@@ -83,9 +86,24 @@ payments = sa.Table(
     sa.Column("created_at", TZ, nullable=False),
     sa.Column("processed_at", TZ, nullable=True),
     sa.Column("claim_token", UUID(as_uuid=True), nullable=True),
+    sa.Column("priority", sa.SmallInteger, nullable=False, server_default=sa.text("0")),
     sa.Index("payments_new_due_idx", "next_attempt_at", "created_at"),
+    # Claim order with aging (migration 0002): payment_claim_rank(next_attempt_at, priority).
+    sa.Index("payments_claim_rank_idx", sa.text("payment_claim_rank(next_attempt_at, priority)")),
     sa.Index("payments_processing_idx", "claimed_until"),
     sa.Index("payments_failed_idx", "id"),
+)
+
+queue_state = sa.Table(
+    "ba_queue_state",
+    metadata,
+    sa.Column("queue", sa.Text, primary_key=True),
+    sa.Column("breaker", sa.Text, nullable=False),
+    sa.Column("breaker_since", TZ, nullable=False),
+    sa.Column("cooldown_s", sa.Double, nullable=True),
+    sa.Column("failures_in_row", sa.Integer, nullable=False),
+    sa.Column("recorded_by", sa.Text, nullable=True),
+    sa.Column("updated_at", TZ, nullable=False),
 )
 
 rules = sa.Table(

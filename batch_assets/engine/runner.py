@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from batch_assets.db.engine import error_text, is_transient
+from batch_assets.db.engine import is_transient
 from batch_assets.engine.definition import (
     FULL_RANGE,
     CheckpointStoreLike,
@@ -47,7 +47,7 @@ from batch_assets.engine.result import (
     SweepResult,
 )
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import LeaseLost
+from batch_assets.errors import LeaseLost, error_text
 
 log = logging.getLogger("batch_assets.sweep")
 

@@ -23,7 +23,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from batch_assets.db.engine import describe_target
-from batch_assets.errors import LockStoreUnavailable
+from batch_assets.errors import LockStoreUnavailable, cause_line
 from batch_assets.locking.owner import provably_dead
 
 log = logging.getLogger(__name__)
@@ -54,11 +54,6 @@ class JobLock(Protocol):
 
 def _log_takeover(name: str, dead: str | None, owner: str) -> None:
     log.warning("job lock %r: holder %s is gone (same host, process ended); taken over by %s", name, dead, owner)
-
-
-def _first_line(exc: BaseException) -> str:
-    cause = getattr(exc, "orig", None) or exc
-    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
 
 
 # --- PostgreSQL ---------------------------------------------------------------
@@ -135,7 +130,7 @@ class PostgresJobLock:
             yield
         except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
             raise LockStoreUnavailable(
-                f"lock store PostgreSQL at {describe_target(self.engine.url)} is unavailable: {_first_line(exc)}"
+                f"lock store PostgreSQL at {describe_target(self.engine.url)} is unavailable: {cause_line(exc)}"
             ) from None
 
     def acquire(self, name: str, owner: str, ttl_s: float, min_s: float = 0) -> bool:
@@ -267,7 +262,7 @@ class RedisJobLock:
             yield
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             raise LockStoreUnavailable(
-                f"lock store Redis at {self._target} is unavailable: {_first_line(exc)}"
+                f"lock store Redis at {self._target} is unavailable: {cause_line(exc)}"
             ) from None
 
     def acquire(self, name: str, owner: str, ttl_s: float, min_s: float = 0) -> bool:

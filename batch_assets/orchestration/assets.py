@@ -1,8 +1,13 @@
 """Assets and lineage.
 
-The business tables (written by other services) are observable source assets. What
-the jobs produce are external asset specs that the jobs' ops materialize or observe
-at runtime, so the UI shows the lineage
+The business tables (written by other services) are observable source assets.
+`customer_status`, `review_triggers` and `outbox_events` are materializable: one
+graph-backed multi-asset over the sweep's own graph (plan_sweep → sweep_range per
+cursor range → summarise_sweep → report_customer_status), so "Materialize" in the UI
+runs the same sweep as the CLI's job, with mode and run date in the launchpad config
+(`ops.customer_status_sweep.ops.plan_sweep.config`). The nightly jobs' outputs
+(subscription_status, payment_status) stay external specs their ops report at runtime.
+The UI shows the lineage
 
     customers ─▶ customer_status ─▶ review_triggers
                                 └─▶ outbox_events
@@ -15,6 +20,8 @@ at runtime, so the UI shows the lineage
 import dagster as dg
 import sqlalchemy as sa
 
+from batch_assets.orchestration.metadata import counts_table, records_table, run_numbers
+from batch_assets.orchestration.ops.sweep import plan_sweep, summarise_sweep, sweep_range
 from batch_assets.orchestration.resources import DatabaseResource
 
 BUSINESS_TABLES = "business_tables"
@@ -67,27 +74,93 @@ subscriptions = _observable_table("subscriptions")
 enrollments = _observable_table("enrollments")
 payments = _observable_table("payments")
 
-customer_status = dg.AssetSpec(
-    "customer_status",
-    deps=["customers"],
-    group_name=CUSTOMER_STATUS,
-    description="age_category and next_review_date of ACTIVE customers, maintained by customer_status_sweep_job.",
-    kinds={"postgres"},
+CATEGORY_COUNTS = sa.text(
+    "SELECT coalesce(age_category, '(not computed)') AS category, count(*) AS n "
+    "FROM customers WHERE status = 'ACTIVE' GROUP BY 1 ORDER BY 1"
 )
-review_triggers = dg.AssetSpec(
-    "review_triggers",
-    deps=["customer_status"],
-    group_name=CUSTOMER_STATUS,
-    description="One review trigger per category change (unique per customer, category and effective date).",
-    kinds={"postgres"},
+RANGE_COLUMNS = ("range", "scanned", "changed", "failed", "pages", "duration_s", "resumed_from")
+
+
+@dg.op(
+    out={
+        "customer_status": dg.Out(dg.Nothing, is_required=False),
+        "review_triggers": dg.Out(dg.Nothing, is_required=False),
+        "outbox_events": dg.Out(dg.Nothing, is_required=False),
+    },
+    ins={"customers": dg.In(dg.Nothing)},
+    tags={"kind": "sweep"},
 )
-outbox_events = dg.AssetSpec(
-    "outbox_events",
-    deps=["customer_status"],
-    group_name=CUSTOMER_STATUS,
-    description="age_category_changed events, one per changed customer; relayed to the sink by outbox_relay_job.",
-    kinds={"postgres"},
+def report_customer_status(
+    context: dg.OpExecutionContext, summary: dict, ranges: list, database: DatabaseResource
+):
+    """Report the sweep's three assets with numeric metadata (charted in Plots); nothing for a SKIPPED run.
+
+    In the asset job these are the multi-asset's outputs (materializations of those assets); in the op
+    jobs the CLI launches, the same metadata is logged as AssetMaterialization events.
+    """
+    if not summary:  # plan_sweep was skipped (another run held the lock): nothing was materialized
+        context.log.info("the sweep was skipped: no materialization")
+        return
+    engine = database.get_engine()
+    counts, categories = counts_table(engine, CATEGORY_COUNTS, label="age_category")
+    run_date, mode = str(summary.get("run_date")), str(summary.get("mode"))
+    common = {"run_date": run_date, "mode": mode, **run_numbers(summary)}
+    reports = {
+        "customer_status": (f"{mode} sweep for {run_date}", {
+            **common,
+            "pages": int(summary.get("pages") or 0),
+            "decrypted": int(summary.get("decrypted") or 0),
+            "ranges": int(summary.get("ranges") or 0),
+            "active_customers": sum(counts.values()),
+            "failed_by_type": records_table(
+                [{"kind": k, "rows": int(v)} for k, v in sorted((summary.get("failed_by_type") or {}).items())],
+                ("kind", "rows"),
+            ),
+            "counts_by_category": categories,
+            "cursor_ranges": records_table(ranges, RANGE_COLUMNS),
+        }),
+        "review_triggers": (f"review triggers written by the {mode} sweep for {run_date}",
+                            {**common, "triggers": int(summary.get("triggers") or 0)}),
+        "outbox_events": (f"age_category_changed events written by the {mode} sweep for {run_date}",
+                          {**common, "events": int(summary.get("audit_events") or 0)}),
+    }
+    for key, (description, metadata) in reports.items():
+        if context.has_assets_def:
+            yield dg.Output(None, key, metadata=metadata)
+        else:
+            context.log_event(dg.AssetMaterialization(
+                asset_key=key, description=description, metadata=metadata, tags={"mode": mode, "run_date": run_date}
+            ))
+
+
+@dg.graph_multi_asset(
+    outs={
+        "customer_status": dg.AssetOut(
+            group_name=CUSTOMER_STATUS,
+            description="age_category and next_review_date of ACTIVE customers (the customer-status sweep).",
+            kinds={"postgres"},
+            is_required=False,
+        ),
+        "review_triggers": dg.AssetOut(
+            group_name=CUSTOMER_STATUS,
+            description="One review trigger per category change (unique per customer, category and effective date).",
+            kinds={"postgres"},
+            is_required=False,
+        ),
+        "outbox_events": dg.AssetOut(
+            group_name=CUSTOMER_STATUS,
+            description="age_category_changed events, one per changed customer; relayed by outbox_relay_job.",
+            kinds={"postgres"},
+            is_required=False,
+        ),
+    },
+    ins={"customers": dg.AssetIn(dagster_type=dg.Nothing)},
+    can_subset=False,
 )
+def customer_status_sweep(customers):  # noqa: ANN001, ANN201 - a graph body: Dagster wires the nodes
+    """The customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report."""
+    ranges = plan_sweep().map(sweep_range).collect()
+    return report_customer_status(summarise_sweep(ranges), ranges, customers=customers)
 subscription_status = dg.AssetSpec(
     "subscription_status",
     deps=["subscriptions", "enrollments"],
@@ -104,7 +177,9 @@ payment_status = dg.AssetSpec(
 )
 
 SOURCE_ASSETS = [customers, subscriptions, enrollments, payments]
-ASSET_SPECS = [customer_status, review_triggers, outbox_events, subscription_status, payment_status]
+ASSET_SPECS = [subscription_status, payment_status]
+SWEEP_ASSETS = [customer_status_sweep]
+SWEEP_ASSET_KEYS = [dg.AssetKey("customer_status"), dg.AssetKey("review_triggers"), dg.AssetKey("outbox_events")]
 
 business_tables_observation_job = dg.define_asset_job(
     "business_tables_observation_job",

@@ -1,4 +1,9 @@
-"""Asset checks, run by `asset_checks_job` (after each successful sweep, expiry or drain, and from the UI)."""
+"""Asset checks.
+
+The checks of customer_status, review_triggers and outbox_events run inside every run that
+materializes them (the sweep's asset job): each asset page shows current results. Every check
+is also in `asset_checks_job`, started after the op jobs (CLI sweep, expiry, drain, relay).
+"""
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
@@ -6,6 +11,7 @@ from datetime import date
 
 import dagster as dg
 import sqlalchemy as sa
+from pydantic import Field
 
 from batch_assets.orchestration.resources import DatabaseResource
 
@@ -14,7 +20,7 @@ LAST_DELTA_SQL = sa.text(
     """
     SELECT run_date, coalesce((summary->>'failed')::bigint, 0) AS failed
       FROM ba_run_history
-     WHERE job LIKE 'customer_status_sweep%' AND mode = 'delta' AND status = 'SUCCESS'
+     WHERE job LIKE 'customer_status%' AND mode = 'delta' AND status = 'SUCCESS'
      ORDER BY finished_at DESC
      LIMIT 1
     """
@@ -105,16 +111,56 @@ def dead_letter_queue_size(database: DatabaseResource) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=size == 0, severity=dg.AssetCheckSeverity.WARN, metadata={"dlq_size": size})
 
 
+DEFAULT_MAX_PENDING = 10_000
+DEFAULT_MAX_OLDEST_PENDING_S = 600.0
+
+
+class OutboxBacklogConfig(dg.Config):
+    """Thresholds of the outbox backlog check (a warning past either one)."""
+
+    max_pending: int = Field(
+        default=DEFAULT_MAX_PENDING, ge=0, le=10**9, description="Warn when more events than this are PENDING."
+    )
+    max_oldest_pending_s: float = Field(
+        default=DEFAULT_MAX_OLDEST_PENDING_S, ge=0, le=30 * 24 * 3600,
+        description="Warn when the oldest PENDING event is older than this many seconds.",
+    )
+
+
+@dg.asset_check(
+    asset="outbox_events",
+    description="Relay backlog: PENDING events and the age of the oldest one; warns past the configured "
+    "thresholds (the relay is down, slow or failing).",
+)
+def outbox_backlog(config: OutboxBacklogConfig, database: DatabaseResource) -> dg.AssetCheckResult:
+    from batch_assets.outbox.relay import backlog
+
+    pending, oldest_s = backlog(database.get_engine())
+    return dg.AssetCheckResult(
+        passed=pending <= config.max_pending and oldest_s <= config.max_oldest_pending_s,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "pending": pending,
+            "oldest_pending_s": round(oldest_s, 3),
+            "max_pending": config.max_pending,
+            "max_oldest_pending_s": config.max_oldest_pending_s,
+        },
+    )
+
+
 ASSET_CHECKS = [
     no_overdue_active_customers,
     review_triggers_unique,
     no_payment_stuck_in_processing,
     failed_subscriptions,
     dead_letter_queue_size,
+    outbox_backlog,
 ]
+SWEEP_CHECKS = [no_overdue_active_customers, review_triggers_unique, outbox_backlog]
+"""The checks of the sweep's assets: selected with them, so they run in the runs that materialize them."""
 
 asset_checks_job = dg.define_asset_job(
     "asset_checks_job",
     selection=dg.AssetSelection.checks(*ASSET_CHECKS),
-    description="Evaluate every asset check (run after each successful sweep, expiry and drain).",
+    description="Evaluate every asset check (started after each successful CLI sweep, expiry, drain and relay).",
 )

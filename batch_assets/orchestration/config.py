@@ -302,18 +302,26 @@ class ExpiryConfig(dg.Config):
 @dataclass(frozen=True)
 class QueueDrainPlanSettings:
     max_seconds: float | None
+    drain: bool
     engine: Any
     """batch_assets.domains.payments.queue.QueueSettings"""
 
 
 class QueueDrainConfig(dg.Config):
-    """One drain of the payment queue (CONTRACT §7). 0 or missing = the documented default."""
+    """The payment worker (CONTRACT §7): a drain, or the resident worker. 0 or missing = the default."""
 
     concurrency: int = Field(default=0, description="Handler calls in flight, at most 256. 0 = 8.")
     max_seconds: float = Field(
-        default=0, description="Stop claiming new work after this many seconds. 0 = run until the queue is drained."
+        default=0, description="Stop claiming new work after this many seconds. 0 = no limit."
     )
-    batch_size: int = Field(default=0, description="Rows per claim, at most 10000. 0 = 50.")
+    batch_size: int = Field(
+        default=0, description="First claim batch (it adapts within 1..1000), at most 1000. 0 = 50."
+    )
+    drain: bool = Field(
+        default=True,
+        description="Exit once nothing is due. False = the resident worker: it waits for notifications "
+        "and runs until stopped (SIGTERM, run termination) or max_seconds.",
+    )
 
     @field_validator("concurrency", "batch_size")
     @classmethod
@@ -332,7 +340,7 @@ class QueueDrainConfig(dg.Config):
         _non_negative_int("batch_size", self.batch_size)
         max_seconds = _non_negative_number("max_seconds", self.max_seconds)
         engine = QueueSettings.build(concurrency=self.concurrency or None, batch_size=self.batch_size or None)
-        return QueueDrainPlanSettings(max_seconds=max_seconds or None, engine=engine)
+        return QueueDrainPlanSettings(max_seconds=max_seconds or None, drain=bool(self.drain), engine=engine)
 
     def validate_config(self) -> None:
         self.to_engine_settings()
@@ -342,16 +350,38 @@ class QueueDrainConfig(dg.Config):
 
 
 @dataclass(frozen=True)
-class RelaySettings:
+class RelayPlanSettings:
     batch_size: int
+    follow: bool
+    follow_seconds: float | None
+    engine: Any
+    """batch_assets.outbox.relay.RelaySettings"""
+
+
+MAX_FOLLOW_SECONDS = 7 * 24 * 3600
 
 
 class OutboxRelayConfig(dg.Config):
-    """One pass of the outbox relay (PENDING → sink → SENT). 0 or missing = the documented default."""
+    """The outbox relay (PENDING → sink → SENT). 0 or missing = the documented default."""
 
     batch_size: int = Field(
         default=0,
         description=f"Events per batch, at most {MAX_RELAY_BATCH_SIZE}. 0 = {DEFAULT_RELAY_BATCH_SIZE}.",
+    )
+    follow: bool = Field(
+        default=False,
+        description="Keep relaying, woken by a PostgreSQL notification on every new event, until stopped "
+        "(or follow_seconds pass). Default false: one pass until nothing is pending.",
+    )
+    follow_seconds: float = Field(
+        default=0, description=f"With follow: stop after this many seconds. 0 = until stopped; at most "
+        f"{MAX_FOLLOW_SECONDS}."
+    )
+    claim_lease_s: float = Field(
+        default=0, description="Claim lease of a batch (s); another relay may take it after. 0 = 60."
+    )
+    send_timeout_s: float = Field(
+        default=0, description="Timeout of one send to the sink (s), below claim_lease_s. 0 = 10."
     )
 
     @field_validator("batch_size")
@@ -361,9 +391,27 @@ class OutboxRelayConfig(dg.Config):
             lambda n, v: _non_negative_int(n, v, maximum=MAX_RELAY_BATCH_SIZE), "batch_size", value
         )
 
-    def to_engine_settings(self) -> RelaySettings:
+    @field_validator("follow_seconds", "claim_lease_s", "send_timeout_s")
+    @classmethod
+    def _seconds(cls, value: float, info: Any) -> float:
+        return _pydantic_check(_non_negative_number, info.field_name, value)
+
+    def to_engine_settings(self) -> RelayPlanSettings:
+        from batch_assets.outbox.relay import RelaySettings
+
         size = _non_negative_int("batch_size", self.batch_size, maximum=MAX_RELAY_BATCH_SIZE)
-        return RelaySettings(batch_size=size or DEFAULT_RELAY_BATCH_SIZE)
+        follow_seconds = _non_negative_number("follow_seconds", self.follow_seconds)
+        if follow_seconds > MAX_FOLLOW_SECONDS:
+            raise ConfigError(f"must be at most {MAX_FOLLOW_SECONDS}, got {follow_seconds}", field="follow_seconds")
+        lease = _non_negative_number("claim_lease_s", self.claim_lease_s) or RelaySettings.claim_lease_s
+        timeout = _non_negative_number("send_timeout_s", self.send_timeout_s) or RelaySettings.send_timeout_s
+        engine = RelaySettings(
+            batch_size=size or DEFAULT_RELAY_BATCH_SIZE, claim_lease_s=lease, send_timeout_s=timeout
+        ).check()
+        return RelayPlanSettings(
+            batch_size=engine.batch_size, follow=bool(self.follow), follow_seconds=follow_seconds or None,
+            engine=engine,
+        )
 
     def validate_config(self) -> None:
         self.to_engine_settings()

@@ -1,68 +1,65 @@
 """The jobs. Each one ends in an op that records the run's summary in run history.
 
-Executors: every job has Dagster's default executor (multiprocess, or `in_process`
-through run config — the CLI uses in-process). Under multiprocess, the sweep's
-cursor ranges run in parallel processes; `customer_status_sweep_celery_job` is the
-same graph on the celery executor (ranges run on celery workers; broker from
-BATCH_ASSETS_CELERY_BROKER_URL, default redis://127.0.0.1:6379/0). docs/KUBERNETES.md
-shows the same graph on the Kubernetes executor.
+* `customer_status_asset_job` materializes customer_status, review_triggers and outbox_events
+  (the graph-backed multi-asset over the sweep graph) and runs their checks in the same run:
+  the schedules and the rules sensor start it, and so does "Materialize" in the UI.
+* `customer_status_sweep_job` is the same graph as an op job, the one the CLI launches
+  (`batch-assets sweep customer-status`); its runs report the same assets.
+* `customer_status_sweep_celery_job` runs the cursor ranges on celery workers (broker from
+  BATCH_ASSETS_CELERY_BROKER_URL, default redis://127.0.0.1:6379/0); it needs a worker, and a run
+  fails when none shows up within `worker_wait_s`. docs/KUBERNETES.md shows the Kubernetes executor.
+
+Executors: Dagster's default (multiprocess, or `in_process` through run config — the CLI uses
+in-process); under multiprocess the cursor ranges run in parallel processes.
 """
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
-from dagster_celery import celery_executor
 
+from batch_assets.orchestration.assets import SWEEP_ASSET_KEYS, report_customer_status
+from batch_assets.orchestration.celery import (
+    CELERY_BROKER_VAR,
+    DEFAULT_CELERY_BROKER,
+    celery_broker_url,
+    celery_on_redis_executor,
+)
 from batch_assets.orchestration.ops.jobs import drain_payment_queue, expire_subscriptions, relay_outbox_events
 from batch_assets.orchestration.ops.sweep import plan_sweep, summarise_sweep, sweep_range
 
-CELERY_BROKER_VAR = "BATCH_ASSETS_CELERY_BROKER_URL"
-DEFAULT_CELERY_BROKER = "redis://127.0.0.1:6379/0"
+__all__ = ["CELERY_BROKER_VAR", "DEFAULT_CELERY_BROKER", "JOBS", "celery_broker_url"]
+
+SWEEP_TAGS = {"batch_assets/kind": "sweep"}
 
 
-@dg.graph(description="Customer-status sweep: plan cursor ranges, sweep each (mapped), summarise.")
-def customer_status_sweep() -> None:
-    tasks = plan_sweep()
-    summarise_sweep(tasks.map(sweep_range).collect())
+@dg.graph(description="Customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report.")
+def customer_status_sweep_graph() -> None:
+    ranges = plan_sweep().map(sweep_range).collect()
+    report_customer_status(summarise_sweep(ranges), ranges)
 
 
-customer_status_sweep_job = customer_status_sweep.to_job(
+customer_status_sweep_job = customer_status_sweep_graph.to_job(
     name="customer_status_sweep_job",
-    description="Recompute age_category / next_review_date (delta, full or config-change) over cursor ranges.",
-    tags={"batch_assets/kind": "sweep"},
+    description="Recompute age_category / next_review_date (delta, full or config-change) over cursor ranges "
+    "(the job the CLI launches; customer_status_asset_job is the same sweep as assets).",
+    tags=SWEEP_TAGS,
 )
 
-
-def celery_broker_url() -> str:
-    return os.environ.get(CELERY_BROKER_VAR, "").strip() or DEFAULT_CELERY_BROKER
-
-
-def _celery_config(config: dict) -> dict:
-    # The same Redis serves as broker and result backend.
-    return {"broker": config["broker"], "backend": config["broker"]}
-
-
-celery_on_redis_executor = celery_executor.configured(
-    _celery_config,
-    name="celery",
-    config_schema={
-        "broker": dg.Field(
-            str,
-            is_required=False,
-            default_value=celery_broker_url(),
-            description=f"Redis URL of the celery broker and result backend "
-            f"(default {CELERY_BROKER_VAR} or {DEFAULT_CELERY_BROKER}).",
-        )
-    },
+customer_status_asset_job = dg.define_asset_job(
+    "customer_status_asset_job",
+    selection=dg.AssetSelection.assets(*SWEEP_ASSET_KEYS),
+    description="Materialize customer_status, review_triggers and outbox_events with the customer-status sweep "
+    "(plan → cursor ranges → summary) and run their asset checks. Config: "
+    "ops.customer_status_sweep.ops.plan_sweep.config (mode, run_date, ...).",
+    tags=SWEEP_TAGS,
 )
 
-customer_status_sweep_celery_job = customer_status_sweep.to_job(
+customer_status_sweep_celery_job = customer_status_sweep_graph.to_job(
     name="customer_status_sweep_celery_job",
-    description="The customer-status sweep with its cursor ranges executed on celery workers.",
+    description="The customer-status sweep with its cursor ranges executed on celery workers. Needs a running "
+    "celery worker on queue 'dagster' (see README); without one the run fails after worker_wait_s (30 s).",
     executor_def=celery_on_redis_executor,
-    tags={"batch_assets/kind": "sweep"},
+    tags=SWEEP_TAGS,
 )
 
 
@@ -72,13 +69,14 @@ def subscription_expiry_job() -> None:
     expire_subscriptions()
 
 
-@dg.job(description="Drain the payment queue once: claim due payments, call the limits service, record results.",
+@dg.job(description="The payment worker: drain the queue once (drain=True) or stay resident until stopped; "
+        "claim due payments, call the handler, record results in bulk.",
         tags={"batch_assets/kind": "queue"})
 def payment_queue_drain_job() -> None:
     drain_payment_queue()
 
 
-@dg.job(description="Relay PENDING outbox events to the sink and mark them SENT.",
+@dg.job(description="Relay PENDING outbox events to the sink and mark them SENT (one pass, or follow).",
         tags={"batch_assets/kind": "outbox"})
 def outbox_relay_job() -> None:
     relay_outbox_events()
@@ -91,3 +89,6 @@ JOBS = [
     payment_queue_drain_job,
     outbox_relay_job,
 ]
+"""The op jobs (what the CLI launches by name); the asset jobs are wired in definitions.py."""
+
+ASSET_JOBS = [customer_status_asset_job]

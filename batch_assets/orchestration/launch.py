@@ -32,8 +32,8 @@ import sqlalchemy as sa
 
 import batch_assets
 from batch_assets import run_history
-from batch_assets.db.engine import create_engine, error_text, is_transient, normalize_url, resolve_database_url
-from batch_assets.errors import BatchAssetsError, ConfigError
+from batch_assets.db.engine import create_engine, is_transient, normalize_url, resolve_database_url
+from batch_assets.errors import BatchAssetsError, ConfigError, error_text, first_line
 from batch_assets.orchestration.config import CONFIG_CLASSES
 from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
 
@@ -223,7 +223,7 @@ def launch_job(
                 )
             )
         except dg.DagsterInvalidConfigError as exc:
-            raise ConfigError(_first_line(str(exc)), field="run_config") from None
+            raise ConfigError(first_line(str(exc)), field="run_config") from None
         except Exception as exc:  # the run started (or not) and its execution broke: report it, with its id
             launched = _crashed_launch(instance, launch_id, exc)
         else:
@@ -258,8 +258,8 @@ def release_after_failure(root_run_id: str, settings: Settings) -> None:
     (and a dead holder is taken over at once), and the run's outcome must still be reported.
     """
     from batch_assets.locking.lock import make_job_lock
+    from batch_assets.locking.run_guard import release_failed_run
     from batch_assets.orchestration.ops.sweep import SWEEP_JOB_KEY
-    from batch_assets.orchestration.run_guard import release_failed_run
 
     try:
         url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
@@ -452,10 +452,6 @@ def merge_range_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
-
-
 def _error_of(result: Any) -> str | None:
     """The first step failure's message (one line), else the run failure's."""
     for event in result.get_step_failure_events():
@@ -464,12 +460,12 @@ def _error_of(result: Any) -> str | None:
         while error is not None and error.cause is not None:
             error = error.cause
         if error is not None:
-            return _first_line(error.message)
+            return first_line(error.message)
     try:
         failure = result.get_run_failure_event()
     except Exception:  # no run-failure event (e.g. canceled): fall back to the caller's message
         return None
     data = failure.job_failure_data
     if data is not None and data.error is not None:
-        return _first_line(data.error.message)
-    return _first_line(failure.message or "") or None
+        return first_line(data.error.message)
+    return first_line(failure.message or "") or None

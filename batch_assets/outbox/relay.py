@@ -1,17 +1,34 @@
-"""The outbox relay: PENDING events → a sink → SENT, in batches, safe to repeat.
+"""The outbox relay: PENDING events → a sink → SENT, in batches, at least once, never inside a transaction.
 
-A batch is claimed with FOR UPDATE SKIP LOCKED (several relays never send the
-same batch at once), handed to the sink, and marked SENT in the same
-transaction only after the sink accepted it. A crash between the two resends
-the batch (at-least-once); every message carries the event id for dedupe.
+Shape of one batch, and why:
+
+1. **Claim** (one short autocommit statement): the oldest PENDING events that nobody holds a live
+   claim on are locked with `FOR UPDATE SKIP LOCKED` (two relays never wait for each other) and
+   stamped with this relay's owner and a claim lease (`claimed_until`). The transaction ends there.
+2. **Send** outside any transaction, bounded by the sink's timeout: a sink that is down or hangs
+   never holds a database session idle in transaction, and never holds a row lock.
+3. **Mark SENT**, fenced by the claim: only rows still claimed by this owner become SENT. A relay
+   that stalled past its lease and lost the rows to another relay marks nothing of theirs.
+
+A crash between 2 and 3 leaves the rows PENDING; they are claimed again once the lease passes and
+sent again: delivery is at least once, and every message carries the event id as its idempotency
+key (`idempotency_key`), so a consumer drops the duplicate. A failed send gives the claim back at
+once, so the next pass retries the batch.
+
+`follow_outbox` keeps relaying: it drains, then waits for the `batch_assets_outbox` notification
+(sent by a statement trigger on every insert into outbox_events, migration 0004) or a poll
+interval, so an event is relayed well under a second after its page commits. Sink failures back
+off exponentially and never end the follow loop; a stop event does.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,24 +39,67 @@ import sqlalchemy as sa
 from batch_assets.errors import ConfigError
 from batch_assets.settings import Settings
 
+log = logging.getLogger(__name__)
+
 DEFAULT_STREAM = "batch_assets.outbox"
 MAX_BATCH = 10_000
+NOTIFY_CHANNEL = "batch_assets_outbox"
 
-# CLAIM_PENDING — the oldest PENDING events not claimed by another relay. Parameters: limit int.
-CLAIM_PENDING = """
-SELECT id, aggregate_id, event_type, payload, created_at
-  FROM outbox_events
- WHERE status = 'PENDING'
- ORDER BY id
- LIMIT %(limit)s
-   FOR UPDATE SKIP LOCKED
+# CLAIM_BATCH — claim the oldest PENDING events with no live claim, in one autocommit statement.
+#   :limit    int    events per batch
+#   :owner    text   the relay's owner string ("<run id>@<host>:<pid>")
+#   :lease_s  float  claim lease in seconds (claimed_until = now() + lease)
+# Returns the claimed events (any order; the caller sorts by id).
+CLAIM_BATCH = sa.text(
+    """
+WITH batch AS (
+    SELECT id FROM outbox_events
+     WHERE status = 'PENDING' AND (claimed_until IS NULL OR claimed_until < now())
+     ORDER BY id
+     LIMIT :limit
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_events o
+   SET claimed_by = :owner,
+       claimed_until = now() + make_interval(secs => :lease_s),
+       attempts = o.attempts + 1
+  FROM batch
+ WHERE o.id = batch.id
+RETURNING o.id, o.aggregate_id, o.event_type, o.payload, o.created_at
 """
+).bindparams(sa.bindparam("lease_s", type_=sa.Float))
 
-# MARK_SENT — after the sink accepted the batch, in the claiming transaction. Parameters: ids bigint[].
-MARK_SENT = """
-UPDATE outbox_events SET status = 'SENT', sent_at = now()
- WHERE id = ANY(CAST(%(ids)s AS bigint[])) AND status = 'PENDING'
+# MARK_SENT — after the sink accepted the batch; fenced by the claim.
+#   :ids    bigint[]  the batch
+#   :owner  text      the claiming relay
+# Returns the ids marked SENT (rows whose claim moved to another relay are not).
+MARK_SENT = sa.text(
+    """
+UPDATE outbox_events
+   SET status = 'SENT', sent_at = now(), claimed_by = NULL, claimed_until = NULL
+ WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'PENDING' AND claimed_by = :owner
+RETURNING id
 """
+)
+
+# RELEASE_CLAIM — the sink refused the batch: give the claim back so the next pass retries it.
+#   :ids    bigint[]  the batch
+#   :owner  text      the claiming relay
+RELEASE_CLAIM = sa.text(
+    """
+UPDATE outbox_events SET claimed_by = NULL, claimed_until = NULL
+ WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'PENDING' AND claimed_by = :owner
+"""
+)
+
+# BACKLOG — pending count and the age in seconds of the oldest pending event (0 when none).
+BACKLOG = sa.text(
+    """
+SELECT count(*) AS pending,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_pending_s
+  FROM outbox_events WHERE status = 'PENDING'
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -51,8 +111,10 @@ class OutboxEvent:
     created_at: datetime
 
     def to_message(self) -> dict[str, Any]:
+        """The message sent to the sink; `idempotency_key` (the event id) lets a consumer drop a resend."""
         return {
             "id": self.id,
+            "idempotency_key": str(self.id),
             "aggregate_id": self.aggregate_id,
             "event_type": self.event_type,
             "payload": self.payload,
@@ -62,7 +124,7 @@ class OutboxEvent:
 
 class Sink(Protocol):
     def send(self, events: Sequence[OutboxEvent]) -> None:
-        """Deliver the batch durably or raise; returning means accepted."""
+        """Deliver the batch durably or raise, within the sink's own timeout; returning means accepted."""
 
 
 class JsonLinesSink:
@@ -84,13 +146,19 @@ class JsonLinesSink:
 
 
 class RedisStreamSink:
-    """XADDs one entry per event to a Redis stream, the batch in one pipeline round trip."""
+    """XADDs one entry per event to a Redis stream, the batch in one pipeline round trip.
 
-    def __init__(self, redis_url: str, stream: str = DEFAULT_STREAM) -> None:
+    `timeout_s` bounds connecting and every reply: a Redis that hangs fails the send instead of
+    stalling the relay.
+    """
+
+    def __init__(self, redis_url: str, stream: str = DEFAULT_STREAM, *, timeout_s: float = 10.0) -> None:
         import redis
 
         self.stream = stream
-        self._client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+        self._client = redis.Redis.from_url(
+            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
+        )
 
     def send(self, events: Sequence[OutboxEvent]) -> None:
         pipe = self._client.pipeline(transaction=False)
@@ -99,6 +167,7 @@ class RedisStreamSink:
                 self.stream,
                 {
                     "id": str(e.id),
+                    "idempotency_key": str(e.id),
                     "aggregate_id": e.aggregate_id,
                     "event_type": e.event_type,
                     "payload": json.dumps(e.payload, separators=(",", ":")),
@@ -114,11 +183,35 @@ class RedisStreamSink:
         return f"RedisStreamSink(stream={self.stream!r})"
 
 
-def make_sink(settings: Settings) -> Sink:
+def make_sink(settings: Settings, *, timeout_s: float = 10.0) -> Sink:
     """The Redis stream when BATCH_ASSETS_REDIS_URL is set, else <home>/outbox.jsonl."""
     if settings.redis_url:
-        return RedisStreamSink(settings.redis_url)
+        return RedisStreamSink(settings.redis_url, timeout_s=timeout_s)
     return JsonLinesSink(settings.home / "outbox.jsonl")
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    """Knobs of the relay (validated by `check`)."""
+
+    batch_size: int = 500
+    claim_lease_s: float = 60.0  # a claim older than this may be taken by another relay
+    send_timeout_s: float = 10.0  # the sink's connect/reply timeout
+    poll_s: float = 5.0  # follow mode: longest wait without a notification
+    backoff_s: float = 0.5  # follow mode: first wait after a failure, doubled up to backoff_max_s
+    backoff_max_s: float = 30.0
+
+    def check(self) -> RelaySettings:
+        size = self.batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH:
+            raise ConfigError(f"must be an integer in 1..{MAX_BATCH}", field="batch_size")
+        for name in ("claim_lease_s", "send_timeout_s", "poll_s", "backoff_s", "backoff_max_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+                raise ConfigError(f"must be a number in (0, 3600], got {value!r}", field=name)
+        if self.send_timeout_s >= self.claim_lease_s:
+            raise ConfigError("must be shorter than claim_lease_s", field="send_timeout_s")
+        return self
 
 
 @dataclass(frozen=True)
@@ -128,31 +221,176 @@ class RelayResult:
     duration_s: float
     error: str | None = None
     """Type of the sink or database error that stopped the relay; its batch stays PENDING."""
+    failures: int = 0
+    """Sends that failed (follow mode goes on after each one)."""
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
 
-def relay_outbox(engine: sa.Engine, *, sink: Sink, batch_size: int = 500) -> RelayResult:
+def _autocommit(engine: sa.Engine) -> sa.Engine:
+    # One statement, its own implicit transaction: no BEGIN/COMMIT round trips, so not even a
+    # moment "idle in transaction" between the statement and its commit.
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
+def _claim(engine: sa.Engine, owner: str, settings: RelaySettings) -> list[OutboxEvent]:
+    with _autocommit(engine).connect() as conn:
+        rows = conn.execute(
+            CLAIM_BATCH, {"limit": settings.batch_size, "owner": owner, "lease_s": settings.claim_lease_s}
+        ).all()
+    events = [OutboxEvent(int(r.id), str(r.aggregate_id), r.event_type, r.payload, r.created_at) for r in rows]
+    return sorted(events, key=lambda e: e.id)
+
+
+def _release(engine: sa.Engine, ids: list[int], owner: str) -> None:
+    try:
+        with _autocommit(engine).connect() as conn:
+            conn.execute(RELEASE_CLAIM, {"ids": ids, "owner": owner})
+    except sa.exc.DBAPIError as exc:  # the claim lease expires on its own
+        log.warning("outbox relay: claim not released (%s); it expires with its lease", type(exc).__name__)
+
+
+def relay_batch(engine: sa.Engine, *, sink: Sink, owner: str, settings: RelaySettings) -> tuple[int, int]:
+    """Claim, send and mark one batch: (claimed, marked SENT). Raises the sink's or the database's error."""
+    events = _claim(engine, owner, settings)
+    if not events:
+        return 0, 0
+    ids = [e.id for e in events]
+    try:
+        sink.send(events)  # no transaction is open here
+    except BaseException:
+        _release(engine, ids, owner)
+        raise
+    with _autocommit(engine).connect() as conn:
+        marked = len(conn.execute(MARK_SENT, {"ids": ids, "owner": owner}).all())
+    if marked < len(ids):
+        log.warning("outbox relay: %d of %d events were claimed by another relay meanwhile (sent again)",
+                    len(ids) - marked, len(ids))
+    return len(events), marked
+
+
+def relay_outbox(
+    engine: sa.Engine,
+    *,
+    sink: Sink,
+    batch_size: int = 500,
+    owner: str = "relay",
+    settings: RelaySettings | None = None,
+    stop: threading.Event | None = None,
+) -> RelayResult:
     """Send every PENDING event (in id order, in batches) and mark it SENT; stops at the first failure."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
-        raise ConfigError(f"must be an integer in 1..{MAX_BATCH}", field="batch_size")
+    settings = (settings or RelaySettings(batch_size=batch_size)).check()
     started = time.monotonic()
     sent = batches = 0
-    while True:
+    while stop is None or not stop.is_set():
         try:
-            with engine.begin() as conn:
-                rows = conn.exec_driver_sql(CLAIM_PENDING, {"limit": batch_size}).fetchall()
-                if not rows:
-                    break
-                events = [OutboxEvent(int(r[0]), str(r[1]), r[2], r[3], r[4]) for r in rows]
-                sink.send(events)  # raises → rollback → the batch stays PENDING
-                conn.exec_driver_sql(MARK_SENT, {"ids": [e.id for e in events]})
+            claimed, marked = relay_batch(engine, sink=sink, owner=owner, settings=settings)
         except Exception as exc:  # the sink's or the database's; the caller gets it in the result
-            return RelayResult(sent, batches, time.monotonic() - started, error=type(exc).__name__)
-        sent += len(events)
+            log.warning("outbox relay: batch failed (%s); it stays PENDING", type(exc).__name__)
+            return RelayResult(sent, batches, time.monotonic() - started, error=type(exc).__name__, failures=1)
+        if claimed == 0:
+            break
+        sent += marked
         batches += 1
-        if len(rows) < batch_size:
+        if claimed < settings.batch_size:
             break
     return RelayResult(sent, batches, time.monotonic() - started)
+
+
+def follow_outbox(
+    engine: sa.Engine,
+    *,
+    sink: Sink,
+    owner: str,
+    settings: RelaySettings,
+    stop: threading.Event,
+    alive: Callable[[], bool] = lambda: True,
+    on_pass: Callable[[RelayResult], None] | None = None,
+) -> RelayResult:
+    """Relay until `stop` is set (or `alive()` turns False): drain, then wait for a notification or poll_s.
+
+    Sink failures never end the loop: the batch goes back to PENDING and the loop backs off.
+    """
+    settings = settings.check()
+    started = time.monotonic()
+    sent = batches = failures = 0
+    backoff = settings.backoff_s
+    with _Listener(engine) as listener:
+        while not stop.is_set() and alive():
+            result = relay_outbox(engine, sink=sink, owner=owner, settings=settings, stop=stop)
+            sent += result.sent
+            batches += result.batches
+            if on_pass is not None:
+                on_pass(result)
+            if result.error:
+                failures += 1
+                stop.wait(backoff)
+                backoff = min(backoff * 2, settings.backoff_max_s)
+                continue
+            backoff = settings.backoff_s
+            listener.wait(settings.poll_s, stop)
+    # Send failures are retried, not fatal: they are counted, and the backlog check reports what is left.
+    return RelayResult(sent, batches, time.monotonic() - started, failures=failures)
+
+
+class _Listener:
+    """A dedicated autocommit connection LISTENing on NOTIFY_CHANNEL (no transaction stays open)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self._raw: Any = None
+
+    def __enter__(self) -> _Listener:
+        self._connect()
+        return self
+
+    def _connect(self) -> None:
+        try:
+            raw = self.engine.raw_connection()
+            driver = raw.driver_connection
+            driver.autocommit = True
+            driver.execute(f"LISTEN {NOTIFY_CHANNEL}")  # a constant identifier, never input
+            self._raw = raw
+        except Exception as exc:  # noqa: BLE001 - without LISTEN the loop still polls every poll_s
+            log.warning("outbox relay: LISTEN unavailable (%s); polling", type(exc).__name__)
+            self._raw = None
+
+    def wait(self, timeout_s: float, stop: threading.Event) -> None:
+        """Return on a notification, after timeout_s, or soon after `stop` is set."""
+        if self._raw is None:
+            stop.wait(timeout_s)
+            self._connect()
+            return
+        deadline = time.monotonic() + timeout_s
+        try:
+            # Short slices, so a stop request is seen within half a second.
+            while not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                for _ in self._raw.driver_connection.notifies(timeout=min(left, 0.5), stop_after=1):
+                    return
+        except Exception as exc:  # noqa: BLE001 - connection lost: reconnect on the next wait
+            log.warning("outbox relay: notification connection lost (%s)", type(exc).__name__)
+            self._close()
+
+    def _close(self) -> None:
+        if self._raw is not None:
+            try:
+                self._raw.invalidate()
+            except Exception:  # noqa: BLE001 - already broken
+                pass
+            self._raw = None
+
+    def __exit__(self, *exc: object) -> None:
+        # Closed rather than returned to the pool: it is in autocommit mode and LISTENing.
+        self._close()
+
+
+def backlog(engine: sa.Engine) -> tuple[int, float]:
+    """(pending events, age in seconds of the oldest pending one)."""
+    with engine.connect() as conn:
+        row = conn.execute(BACKLOG).one()
+    return int(row.pending), float(row.oldest_pending_s)

@@ -153,7 +153,10 @@ class LimitsService:
 
     @staticmethod
     def planned(payment_id: str) -> int:
-        return (200, 500, 400)[uuid.UUID(payment_id).int % 3]
+        # Fewer than 5 transient answers in all (with the enqueue seed below), so the outage
+        # breaker of CONTRACT §7 v2 (5 transient failures in a row) cannot open in this test.
+        digit = uuid.UUID(payment_id).int % 10
+        return 500 if digit == 0 else 400 if digit in (1, 2, 3) else 200
 
     def code_for(self, payment_id: str) -> int:
         try:
@@ -184,14 +187,14 @@ def payments(engine) -> dict:
 def test_payment_queue_enqueue_work_dlq_list_and_replay(cli_env, engine, limits):
     """2xx → DONE, 400 → FAILED at once (DLQ), 500 → retried later; dlq list/replay bring FAILED back to DONE."""
     env = dict(cli_env, BATCH_ASSETS_LIMITS_URL=limits.url)
-    enq = ok(env, "queue", "enqueue", "--count", "30")
+    enq = ok(env, "queue", "enqueue", "--count", "30", "--seed", "1")
     assert enq["status"] == "SUCCESS"
     assert scalar(engine, "SELECT count(*) FROM payments WHERE status = 'NEW'") == 30
     before = payments(engine)
     plan = {pid: limits.planned(str(pid)) for pid in before}
     assert set(plan.values()) == {200, 400, 500}, "the seed must exercise every answer"
 
-    result = run_cli(env, "queue", "work", "--concurrency", "4", "--max-seconds", "20")
+    result = run_cli(env, "queue", "work", "--concurrency", "4", "--max-seconds", "20", "--drain")
     s = result.summary
     assert s is not None, result.describe()
     assert_summary_keys(s, COMMON_KEYS)
@@ -227,12 +230,12 @@ def test_payment_queue_enqueue_work_dlq_list_and_replay(cli_env, engine, limits)
     assert replay_one["status"] == "SUCCESS"
     assert payments(engine)[one].status == "NEW"
     assert {pid for pid, r in payments(engine).items() if r.status == "FAILED"} == dead - {one}
-    ok(env, "queue", "work", "--max-seconds", "20")
+    ok(env, "queue", "work", "--max-seconds", "20", "--drain")
     assert payments(engine)[one].status == "DONE"
 
     ok(env, "queue", "dlq", "replay")
     assert scalar(engine, "SELECT count(*) FROM payments WHERE status = 'FAILED'") == 0
-    ok(env, "queue", "work", "--max-seconds", "20")
+    ok(env, "queue", "work", "--max-seconds", "20", "--drain")
     final = payments(engine)
     assert all(final[pid].status == "DONE" for pid in dead)
     assert ok(env, "queue", "dlq", "list").get("count", 0) == 0

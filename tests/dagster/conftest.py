@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.crypto import DobCipher
-from batch_assets.seed import seed_customers
+from batch_assets.domains.customer_status.seed import seed_customers
 from batch_assets.settings import Settings, load_settings
 
 RUN_DATE = date(2025, 6, 1)

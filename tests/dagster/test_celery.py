@@ -89,7 +89,8 @@ def test_sweep_ranges_run_on_celery_workers(
         assert run.job_name == "customer_status_sweep_celery_job"
         starts = instance.get_records_for_run(result.run_id, of_type=dg.DagsterEventType.STEP_START).records
         pids = {r.event_log_entry.step_key: r.event_log_entry.dagster_event.pid for r in starts}
-    assert set(pids) == {"plan_sweep", "sweep_range[r000_of_002]", "sweep_range[r001_of_002]", "summarise_sweep"}
+    assert set(pids) == {"plan_sweep", "sweep_range[r000_of_002]", "sweep_range[r001_of_002]", "summarise_sweep",
+                         "report_customer_status"}
     assert os.getpid() not in pids.values()
     # Celery forks its pool lazily; a step's process is the worker or one of its children.
     worker_pids |= {p.pid for p in psutil.Process(celery_worker.pid).children(recursive=True)}

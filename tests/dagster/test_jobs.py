@@ -157,7 +157,7 @@ def test_reexecution_from_failure_resumes_the_unfinished_range_from_its_checkpoi
                 resumed.run_id, of_type=dg.DagsterEventType.STEP_START
             ).records
         }
-    assert started == {"sweep_range[r001_of_002]", "summarise_sweep"}
+    assert started == {"sweep_range[r001_of_002]", "summarise_sweep", "report_customer_status"}
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM ba_job_locks").scalar_one() == 0
 
@@ -186,7 +186,7 @@ def test_asset_checks_pass_after_a_successful_delta(dagster_env: Settings, engin
             "VALUES (gen_random_uuid(), 'PROCESSING', now() - interval '1 hour')"
         )
     with dg.instance_for_test() as instance:
-        result = defs.resolve_job_def("asset_checks_job").execute_in_process(instance=instance)
+        result = defs().resolve_job_def("asset_checks_job").execute_in_process(instance=instance)
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert evaluations["no_overdue_active_customers"].passed
     assert evaluations["no_overdue_active_customers"].metadata["last_delta_run_date"].value == "2025-06-01"

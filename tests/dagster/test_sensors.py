@@ -11,16 +11,19 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.definitions import defs
+from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
 from batch_assets.orchestration.jobs import payment_queue_drain_job
 from batch_assets.orchestration.launch import get_job
 from batch_assets.orchestration.resources import DatabaseResource
-from batch_assets.orchestration.sensors import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_sensor
+from batch_assets.orchestration.sensors import QUEUE_DRAIN_INTERVAL_S
 from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster
+
+defs = load_defs()
+payment_queue_drain_sensor = defs.resolve_sensor_def("payment_queue_drain_sensor")
 
 
 def _tick(sensor_name: str, instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> tuple:
@@ -44,7 +47,11 @@ def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, e
         second, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         [request] = second.run_requests
         assert request.run_key == rules.fingerprint
-        assert request.run_config["ops"]["plan_sweep"]["config"]["mode"] == "config-change"
+        config = request.run_config["ops"]["customer_status_sweep"]["ops"]["plan_sweep"]["config"]
+        assert config["mode"] == "config-change"
+        # The cursor moves only once a run for the fingerprint succeeded: record one.
+        _succeed(instance, engine, request)
+        _, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         assert cursor == request.run_key
 
         # The persisted cursor (what the daemon hands back after a restart) starts nothing new.
@@ -55,11 +62,27 @@ def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, e
         other = Rules.parse("MINOR=0,ADULT=18,SENIOR=70")
         set_rules(engine, other)
         fourth, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
+        _succeed(instance, engine, fourth.run_requests[0])
+        _, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         set_rules(engine, rules)
         fifth, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         [back] = fifth.run_requests
         assert fourth.run_requests[0].run_key == other.fingerprint
         assert back.run_key.startswith(rules.fingerprint + "@v") and back.run_key != request.run_key
+
+
+def _succeed(instance: dg.DagsterInstance, engine: sa.Engine, request: dg.RunRequest) -> str:
+    """Record a run for `request` that ended SUCCESS with a SUCCESS summary (what a real sweep leaves)."""
+    from datetime import UTC, datetime
+
+    from batch_assets import run_history
+    from batch_assets.orchestration.jobs import customer_status_sweep_job
+
+    run = instance.create_run_for_job(job_def=customer_status_sweep_job, status=dg.DagsterRunStatus.SUCCESS,
+                                      tags=request.tags)
+    run_history.record(engine, run_id=run.run_id, job="customer_status_asset_job", status="SUCCESS",
+                       started_at=datetime.now(UTC), summary={"status": "SUCCESS"})
+    return run.run_id
 
 
 def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
@@ -134,3 +157,63 @@ def test_run_failure_sensor_logs_and_posts_an_alert(
     [alert] = received
     assert alert["run_id"] == failed.run_id and alert["job"] == "customer_status_sweep_job"
     assert alert["status"] == "FAILURE"
+
+
+def test_expiry_alerts_by_id_when_subscriptions_reach_the_maximum_retry_count(
+    dagster_env: Settings, engine: sa.Engine, webhook: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry run whose failures bring rows to max_retries POSTs one alert naming their ids, and no customer data."""
+    url, received = webhook
+    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO subscriptions (id, customer_id, expiry_date, status, retry_count, last_error) VALUES "
+            "(11, gen_random_uuid(), '2025-05-01', 'FAILED', 2, 'x'), "
+            "(12, gen_random_uuid(), '2025-05-02', 'FAILED', 1, 'x'), "
+            "(13, gen_random_uuid(), '2025-05-03', 'ACTIVE', 0, NULL)")
+        conn.exec_driver_sql("INSERT INTO enrollments (subscription_id, course_id) VALUES (11, 1), (12, 1), (13, 1)")
+        # Every enrollment delete fails: the retried rows fail again.
+        conn.exec_driver_sql(
+            "CREATE FUNCTION test_fail() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN RAISE EXCEPTION 'provoked'; END; $$")
+        conn.exec_driver_sql(
+            "CREATE TRIGGER test_fail BEFORE DELETE ON enrollments FOR EACH ROW EXECUTE FUNCTION test_fail()")
+    with dg.instance_for_test() as instance:
+        result = get_job("subscription_expiry_job").execute_in_process(
+            run_config={"ops": {"expire_subscriptions": {"config": {
+                "run_date": "2025-06-01", "retry_failed": True, "max_retries": 3}}}},
+            instance=instance,
+        )
+    assert result.success
+    [alert] = received
+    assert alert["kind"] == "retries_exhausted" and alert["subscription_ids"] == [11]
+    assert (alert["count"], alert["max_retries"], alert["run_id"]) == (1, 3, result.run_id)
+    assert set(alert) == {"text", "kind", "count", "max_retries", "subscription_ids", "run_id", "job", "run_date"}
+    with engine.connect() as conn:
+        counts = dict(conn.exec_driver_sql("SELECT id, retry_count FROM subscriptions").all())
+    assert counts == {11: 3, 12: 2, 13: 0}
+
+
+def test_expiry_ends_failure_with_an_alert_after_three_consecutive_batch_failures(
+    dagster_env: Settings, engine: sa.Engine, webhook: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that fails with a connection-class error three times in a row: the run ends FAILURE and alerts."""
+    url, received = webhook
+    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO subscriptions (id, expiry_date, status) VALUES (21, '2025-05-01', 'ACTIVE')")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION test_conn() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN RAISE EXCEPTION 'provoked' USING ERRCODE = '08006'; END; $$")
+        conn.exec_driver_sql(
+            "CREATE TRIGGER test_conn BEFORE UPDATE ON subscriptions FOR EACH STATEMENT EXECUTE FUNCTION test_conn()")
+    with dg.instance_for_test() as instance:
+        result = get_job("subscription_expiry_job").execute_in_process(
+            run_config={"ops": {"expire_subscriptions": {"config": {"run_date": "2025-06-01"}}}},
+            instance=instance, raise_on_error=False,
+        )
+    assert not result.success
+    [alert] = received
+    assert (alert["kind"], alert["status"], alert["batch_retries"]) == ("batch_failures", "FAILURE", 2)
+    assert "3 consecutive batch failures" in alert["text"]

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from batch_assets.bench import check, plans, queue, references, render
 from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
-from batch_assets.seed import seed_customers
+from batch_assets.domains.customer_status.seed import seed_customers
 
 pytestmark = [pytest.mark.integration]
 

@@ -29,6 +29,7 @@ def _described(engine: sa.Engine) -> dict[str, dict[str, object]]:
 def _declared() -> dict[str, dict[str, object]]:
     reflected_names = {
         sa.Text: "TEXT", sa.Date: "DATE", sa.BigInteger: "BIGINT", sa.Integer: "INTEGER",
+        sa.SmallInteger: "SMALLINT", sa.Double: "DOUBLE_PRECISION",
     }
     out: dict[str, dict[str, object]] = {}
     for table in schema.metadata.sorted_tables:

@@ -102,7 +102,7 @@ def test_redis_stream_sink_adds_one_entry_per_event(engine: sa.Engine) -> None:
         result = relay_outbox(engine, sink=sink, batch_size=5)
         assert (result.sent, client.xlen(stream)) == (7, 7)
         fields = client.xrange(stream, count=1)[0][1]
-        assert set(fields) == {b"id", b"aggregate_id", b"event_type", b"payload", b"created_at"}
+        assert set(fields) == {b"id", b"idempotency_key", b"aggregate_id", b"event_type", b"payload", b"created_at"}
     finally:
         client.delete(stream)
         client.close()
@@ -119,3 +119,187 @@ def test_make_sink_and_batch_size_validation(engine: sa.Engine, tmp_path: Path) 
     with pytest.raises(ConfigError) as info:
         relay_outbox(engine, sink=file_sink, batch_size=0)
     assert info.value.field == "batch_size"
+
+
+# --- claim lease, sends outside transactions, follow mode ----------------------------------------
+
+import socket  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from batch_assets.outbox.relay import RelaySettings, follow_outbox, relay_batch  # noqa: E402
+
+
+class RecordingSink:
+    def __init__(self, during_send=None) -> None:  # noqa: ANN001
+        self.received: list[int] = []
+        self.during_send = during_send
+
+    def send(self, events: Sequence[OutboxEvent]) -> None:
+        if self.during_send is not None:
+            hook, self.during_send = self.during_send, None
+            hook()
+        self.received.extend(e.id for e in events)
+
+
+def test_mark_sent_is_fenced_by_the_claim(engine: sa.Engine) -> None:
+    """A relay whose claim lease passed while it was sending, and whose rows another relay took, marks none."""
+    _add_events(engine, 3)
+    slow_settings = RelaySettings(batch_size=10, claim_lease_s=0.2, send_timeout_s=0.1)
+    other = RecordingSink()
+
+    def lease_passes_and_another_relay_takes_over() -> None:
+        with engine.begin() as conn:  # the passage of time: the claim lease is over
+            conn.exec_driver_sql("UPDATE outbox_events SET claimed_until = now() - interval '1 second'")
+        assert relay_batch(engine, sink=other, owner="relay-b", settings=RelaySettings(batch_size=10)) == (3, 3)
+
+    slow = RecordingSink(during_send=lease_passes_and_another_relay_takes_over)
+    assert relay_batch(engine, sink=slow, owner="relay-a", settings=slow_settings) == (3, 0)
+    assert len(other.received) == len(slow.received) == 3  # delivered twice: at least once, never lost
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT status, claimed_by, attempts FROM outbox_events").all()
+    assert {tuple(r) for r in rows} == {("SENT", None, 2)}
+
+
+class SinkProxy:
+    """A TCP proxy in front of Redis: "down" resets every connection, "hang" accepts and never answers,
+    "up" forwards. Lets a test take the relay's sink down and make it hang, with real sockets."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.mode = "down"
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        self.closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            if self.mode == "down":
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                client.close()
+            elif self.mode == "up":
+                upstream = socket.create_connection(self.target)
+                self.sockets.append(upstream)
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            # "hang": keep the socket open and never answer
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed.set()
+        self.server.close()
+        for s in self.sockets:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def _idle_in_transaction(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%%'"
+        ).scalar_one()
+
+
+@pytest.mark.usefixtures("require_redis")
+def test_follow_with_the_sink_down_then_hanging_holds_no_transaction_and_loses_nothing(engine: sa.Engine) -> None:
+    """Sink down, then hanging: no session idle in transaction meanwhile; once it recovers every event is
+    delivered (at least once, keyed by event id) and marked SENT, also events written while following."""
+    stream = f"batch_assets.test.{uuid.uuid4().hex}"
+    client = redis.Redis.from_url(REDIS_URL)
+    proxy = SinkProxy(("127.0.0.1", 6379))
+    sink = RedisStreamSink(f"redis://127.0.0.1:{proxy.port}/0", stream=stream, timeout_s=0.3)
+    settings = RelaySettings(batch_size=10, claim_lease_s=5, send_timeout_s=0.3, poll_s=30, backoff_s=0.05,
+                             backoff_max_s=0.2)
+    _add_events(engine, 35)
+    stop = threading.Event()
+    errors: list[str] = []
+    box: dict = {}
+
+    def follow() -> None:
+        box["result"] = follow_outbox(
+            engine, sink=sink, owner="relay-test", settings=settings, stop=stop,
+            on_pass=lambda r: errors.append(r.error) if r.error else None,
+        )
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        samples = 0
+        for mode, wanted in (("down", 3), ("hang", 6)):
+            proxy.mode = mode
+            deadline = time.monotonic() + 30
+            while len(errors) < wanted:
+                assert _idle_in_transaction(engine) == 0, f"a session sat idle in transaction (sink {mode})"
+                samples += 1
+                assert time.monotonic() < deadline, f"the relay did not fail against a sink that is {mode}"
+                time.sleep(0.02)  # sampling interval of a deadline loop
+        assert samples > 10 and _statuses(engine) == {"PENDING": 35}
+
+        proxy.mode = "up"
+        deadline = time.monotonic() + 30
+        while _statuses(engine) != {"SENT": 35}:
+            assert time.monotonic() < deadline, f"not everything was relayed: {_statuses(engine)}"
+            time.sleep(0.05)  # polling interval of a deadline loop
+        late = _add_events(engine, 5)  # written while the relay waits (poll_s = 30): the notification wakes it
+        deadline = time.monotonic() + 10
+        while _statuses(engine) != {"SENT": 40}:
+            assert time.monotonic() < deadline, "a new event was not relayed on its notification"
+            time.sleep(0.05)  # polling interval of a deadline loop
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        proxy.close()
+    assert not thread.is_alive() and box["result"].failures >= 6
+    with engine.connect() as conn:
+        ids = set(conn.exec_driver_sql("SELECT id FROM outbox_events").scalars())
+    entries = client.xrange(stream)
+    client.delete(stream)
+    client.close()
+    sink.close()
+    delivered = {int(fields[b"idempotency_key"]) for _, fields in entries}
+    assert delivered == ids and len(ids) == 40  # none lost
+    assert {e[1][b"aggregate_id"].decode() for e in entries} >= set(late)
+
+
+def test_an_insert_of_events_notifies_the_relay_and_an_empty_insert_does_not(engine: sa.Engine) -> None:
+    """The statement trigger NOTIFYs batch_assets_outbox once per inserting statement, never for zero rows."""
+    from batch_assets.outbox.relay import NOTIFY_CHANNEL
+
+    raw = engine.raw_connection()
+    try:
+        listener = raw.driver_connection
+        listener.autocommit = True
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        with engine.begin() as conn:  # a page write with no category change inserts no event
+            conn.exec_driver_sql("INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+                                 "SELECT gen_random_uuid(), 'x', '{}'::jsonb WHERE false")
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+        _add_events(engine, 3)
+        [note] = list(listener.notifies(timeout=5, stop_after=1))
+        assert note.channel == NOTIFY_CHANNEL
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # one statement, one notification
+    finally:
+        raw.invalidate()

@@ -264,17 +264,17 @@ def test_queue_stats_counts_by_status_and_stuck(engine: sa.Engine) -> None:
 
 
 def test_claim_uses_both_partial_indexes(engine: sa.Engine) -> None:
-    """The claim statement can use payments_new_due_idx and payments_processing_idx (plan test)."""
+    """The claim statement can use payments_claim_rank_idx (aging order) and payments_processing_idx (plan test)."""
     queue.enqueue(engine, 2000, seed=10)
     with engine.begin() as conn:
         conn.execute(sa.text("ANALYZE payments"))
         conn.execute(sa.text("SET LOCAL enable_seqscan = off"))
-        plan = conn.execute(
-            sa.text("EXPLAIN (FORMAT JSON) " + str(queue.sql.CLAIM)),
+        plan = conn.exec_driver_sql(
+            "EXPLAIN (FORMAT JSON) " + queue.sql.CLAIM,
             {"n": 10, "lease_s": 60.0, "token": uuid.uuid4()},
         ).scalar_one()
     text = str(plan)
-    assert "payments_new_due_idx" in text
+    assert "payments_claim_rank_idx" in text
     assert "payments_processing_idx" in text
 
 

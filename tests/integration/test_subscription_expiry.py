@@ -86,7 +86,7 @@ def _settings(**kw: object) -> ExpirySettings:
 def test_settings_defaults_and_validation() -> None:
     """0/None take the documented defaults; invalid values raise ConfigError naming the field."""
     s = ExpirySettings.build(batch_size=0, max_retries=None)
-    assert (s.batch_size, s.max_retries, s.lock_ttl_s, s.lock_min_s, s.row_timeout_s) == (500, 3, 3600, 60, 5)
+    assert (s.batch_size, s.max_retries, s.lock_ttl_s, s.lock_min_s, s.row_timeout_s) == (500, 3, 120, 60, 5)
     for kw, name in (
         ({"batch_size": -1}, "batch_size"),
         ({"batch_size": 20_000}, "batch_size"),
@@ -345,18 +345,17 @@ def test_nightly_batch_uses_the_expiring_index(engine: sa.Engine) -> None:
     assert '"Sort"' not in str(plan)  # the keyset order is the index order
 
 
-def test_unreachable_database_raises_database_unavailable() -> None:
-    """The expiry run against an unreachable database raises DatabaseUnavailable without the password."""
+def test_unreachable_database_ends_failure_after_three_tries_without_the_password() -> None:
+    """Against an unreachable database the run retries, then ends FAILURE naming the cause, never the password."""
     from batch_assets.db.engine import create_engine
-    from batch_assets.errors import DatabaseUnavailable
 
     down = create_engine("postgresql+psycopg://postgres:s3cret@127.0.0.1:1/x", pool_size=1)
     try:
-        with pytest.raises(DatabaseUnavailable) as info:
-            run_expiry(down, run_date=RUN_DATE, settings=_settings())
+        result = run_expiry(down, run_date=RUN_DATE, settings=_settings(retry_backoff_s=0.01))
     finally:
         down.dispose()
-    assert "s3cret" not in str(info.value)
+    assert (result.status, result.stopped_by, result.batch_retries) == ("FAILURE", "batch_failures", 2)
+    assert "cannot reach database" in result.error and "s3cret" not in result.error
 
 
 def test_healthy_batch_is_one_statement_and_a_bad_row_only_costs_its_batch(engine: sa.Engine) -> None:
@@ -379,3 +378,66 @@ def test_healthy_batch_is_one_statement_and_a_bad_row_only_costs_its_batch(engin
     assert len(single_writes) == 10 + 1  # the bad row's batch, row by row, plus its MARK_FAILED
     assert (result.scanned, result.expired, result.failed) == (40, 39, 1)
     assert _subs(engine)[33].status == "FAILED"
+
+
+def _all_or_nothing(engine: sa.Engine, enrollments_per: int) -> None:
+    """Every subscription is either EXPIRED without enrollments or not EXPIRED with all of them."""
+    for sub in _subs(engine).values():
+        if sub.status == "EXPIRED":
+            assert sub.enrollments == 0, sub
+        else:
+            assert sub.enrollments == enrollments_per, sub
+
+
+def test_a_lost_connection_is_retried_and_the_run_ends_success(engine: sa.Engine) -> None:
+    """The run's backend is terminated after the first batch: the batch is retried on a fresh connection."""
+    _insert(engine, [(i, date(2024, 5, 1 + i % 28), "ACTIVE") for i in range(1, 31)])
+    killed: list[int] = []
+
+    def kill_the_run_connection(result: ExpiryResult) -> None:
+        if killed:
+            return
+        with engine.begin() as conn:  # every other backend of this database: the run's own connection
+            killed.extend(conn.execute(sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalars())
+
+    result = run_expiry(
+        engine, run_date=RUN_DATE, settings=_settings(batch_size=10, retry_backoff_s=0.01),
+        progress=kill_the_run_connection,
+    )
+    assert killed and any(killed)
+    assert (result.status, result.batch_retries, result.expired, result.failed) == ("SUCCESS", 1, 30, 0)
+    _all_or_nothing(engine, 2)
+    assert {s.status for s in _subs(engine).values()} == {"EXPIRED"}
+
+
+def test_three_consecutive_batch_failures_end_the_run_failure(engine: sa.Engine) -> None:
+    """A batch that keeps failing with a connection-class error is retried twice, then the run ends FAILURE."""
+    _insert(engine, [(i, date(2024, 6, i), "ACTIVE") for i in range(1, 6)])
+    with engine.begin() as conn:  # the server reports a connection failure for every write of subscriptions
+        conn.execute(sa.text(
+            "CREATE FUNCTION test_conn_failure() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN RAISE EXCEPTION 'provoked connection failure' USING ERRCODE = '08006'; END; $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER test_conn_failure BEFORE UPDATE ON subscriptions "
+            "FOR EACH STATEMENT EXECUTE FUNCTION test_conn_failure()"))
+    result = run_expiry(engine, run_date=RUN_DATE, settings=_settings(retry_backoff_s=0.01))
+    assert (result.status, result.stopped_by, result.batch_retries) == ("FAILURE", "batch_failures", 2)
+    assert "3 consecutive batch failures" in result.error and "provoked connection failure" in result.error
+    _all_or_nothing(engine, 2)
+    assert {s.status for s in _subs(engine).values()} == {"ACTIVE"}
+
+
+def test_rows_reaching_max_retries_are_reported_by_id(engine: sa.Engine) -> None:
+    """A retry that fails again and brings retry_count to max_retries names the row in `exhausted_ids`."""
+    _insert(engine, [(1, date(2024, 6, 1), "ACTIVE"), (2, date(2024, 6, 2), "ACTIVE")])
+    _install_failure(engine, 1, 2)
+    settings = _settings(max_retries=2)
+    first = run_expiry(engine, run_date=RUN_DATE, settings=settings)
+    assert (first.failed, first.exhausted) == (2, 0)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM test_fail_subscriptions WHERE id = 2"))
+    retry = run_expiry(engine, run_date=RUN_DATE, settings=settings, retry_failed=True)
+    assert (retry.expired, retry.failed, retry.exhausted, retry.exhausted_ids) == (1, 1, 1, [1])
+    assert retry.to_summary("r")["retries_exhausted"] == 1

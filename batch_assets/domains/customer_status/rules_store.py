@@ -30,6 +30,12 @@ def current_rules(conn: sa.Connection) -> tuple[int, Rules]:
     return int(row[0]), _rules_of(row[1])
 
 
+def rules_in_force(engine: sa.Engine) -> Rules:
+    """The rules in force, read on a connection of its own."""
+    with engine.connect() as conn:
+        return current_rules(conn)[1]
+
+
 def previous_rules(conn: sa.Connection) -> Rules | None:
     """The rules before the current version (DEFAULT_RULES before the first stored one); None if never changed."""
     rows = conn.exec_driver_sql(sql.CURRENT_RULES).first()

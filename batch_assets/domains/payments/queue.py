@@ -27,27 +27,52 @@ _REPLAY_BATCH = 1000
 _NIL_UUID = uuid.UUID(int=0)
 
 
+MAX_BATCH = 1000
+"""Upper bound of the adaptive claim batch (and of rows per result statement)."""
+MAX_POLL_S = 5.0
+"""An idle worker looks at the table at least this often, even without a notification."""
+AGING_INTERVAL_S = 60
+"""A due payment gains one priority level per this many seconds (fixed by payment_claim_rank, migration 0002)."""
+PRIORITY_RANGE = (-32768, 32767)
+QUEUE_NAME = "payments"
+
+
 @dataclass(frozen=True)
 class QueueSettings:
     """Queue and worker knobs; 0 or None means the documented default (use `build`)."""
 
-    batch_size: int = 50  # rows per claim
-    concurrency: int = 8  # handler calls in flight
+    batch_size: int = 50  # first claim batch; adapts within 1..max_batch_size
+    max_batch_size: int = MAX_BATCH  # upper bound of the adaptive claim batch, at most 1000
+    concurrency: int = 8  # handler calls in flight, at most 256
     claim_lease_s: float = 300  # claimed_until = now() + lease; a lapsed claim is claimed again
     max_attempts: int = 5  # a retriable failure on this attempt is terminal (FAILED)
     backoff_base_s: float = 60  # delay after attempt k = base * 2^(k-1), capped
     backoff_max_s: float = 3600
     http_timeout_s: float = 10  # per handler call
-    poll_interval_s: float = 1.0  # idle wait when nothing is due (drain=False)
+    poll_interval_s: float = MAX_POLL_S  # idle look at the table without a notification, at most 5 s
+    flush_delay_s: float = 0.005  # a result waits at most this long for others to share its statement
+    breaker_failures: int = 5  # transient failures in a row (distinct payments) that open the breaker
+    breaker_cooldown_s: float = 30  # first cool-down; doubles while the outage lasts
+    breaker_max_cooldown_s: float = 600
+    drain_timeout_s: float = 30  # on stop: calls in flight get this long to finish, then are given back
 
     def __post_init__(self) -> None:
         check_positive_fields(self)
-        if self.batch_size > 10_000:
-            raise ConfigError(f"must be <= 10000, got {self.batch_size}", field="batch_size")
+        if self.max_batch_size > MAX_BATCH:
+            raise ConfigError(f"must be <= {MAX_BATCH}, got {self.max_batch_size}", field="max_batch_size")
+        if self.batch_size > self.max_batch_size:
+            raise ConfigError(f"must be <= max_batch_size ({self.max_batch_size}), got {self.batch_size}",
+                              field="batch_size")
         if self.concurrency > 256:
             raise ConfigError(f"must be <= 256, got {self.concurrency}", field="concurrency")
+        if self.poll_interval_s > MAX_POLL_S:
+            raise ConfigError(f"must be <= {MAX_POLL_S:g}, got {self.poll_interval_s}", field="poll_interval_s")
+        if self.flush_delay_s > 1:
+            raise ConfigError(f"must be <= 1, got {self.flush_delay_s}", field="flush_delay_s")
         if self.backoff_max_s < self.backoff_base_s:
             raise ConfigError("must be >= backoff_base_s", field="backoff_max_s")
+        if self.breaker_max_cooldown_s < self.breaker_cooldown_s:
+            raise ConfigError("must be >= breaker_cooldown_s", field="breaker_max_cooldown_s")
         # A claim must outlive the call that works on it, or a slow call loses its row.
         if self.claim_lease_s <= self.http_timeout_s:
             raise ConfigError(
@@ -93,26 +118,74 @@ class ReplayCount(int):
 
 
 def enqueue(
-    engine: sa.Engine, count: int, *, seed: int | None = None, amount_range: tuple[int, int] = (100, 100_000)
+    engine: sa.Engine,
+    count: int,
+    *,
+    seed: int | None = None,
+    amount_range: tuple[int, int] = (100, 100_000),
+    priority: int = 0,
 ) -> int:
-    """Insert `count` NEW payments, due now, with COPY; deterministic ids and amounts under `seed`."""
-    return copy_payments(engine, count, seed=seed, amount_range=amount_range)
+    """Insert `count` NEW payments at `priority`, due now, with COPY (one wake-up notification)."""
+    return copy_payments(engine, count, seed=seed, amount_range=amount_range, priority=priority)
 
 
 def claim(engine: sa.Engine, n: int, lease_s: float) -> list[Claim]:
-    """Claim up to `n` due payments (NEW and due, or PROCESSING with a lapsed lease) in one statement."""
+    """Claim up to `n` due payments (NEW and due by claim rank, or PROCESSING with a lapsed lease) at once."""
     if n <= 0:
         return []
-    token = uuid.uuid4()
+    token = new_token()
     with engine.begin() as conn:
-        rows = conn.execute(sql.CLAIM, {"n": int(n), "lease_s": float(lease_s), "token": token}).all()
-    return [Claim(id=r.id, amount_cents=int(r.amount_cents), attempts=int(r.attempts), token=token) for r in rows]
+        rows = conn.exec_driver_sql(sql.CLAIM, {"n": int(n), "lease_s": float(lease_s), "token": token}).all()
+    return [Claim(id=r[0], amount_cents=int(r[1]), attempts=int(r[2]), token=token) for r in rows]
+
+
+@dataclass(frozen=True)
+class Result:
+    """One fenced result to write: DONE, FAILED, or NEW (retry after `delay_s`, or given back with `undo`)."""
+
+    claim: Claim
+    status: str
+    undo: int = 0
+    delay_s: float = 0.0
+    error: str | None = None
+
+
+def results_params(results: Sequence[Result]) -> dict[str, list[Any]]:
+    """The WRITE_RESULTS parameters (parallel arrays) for `results`."""
+    return {
+        "ids": [r.claim.id for r in results],
+        "tokens": [r.claim.token for r in results],
+        "statuses": [r.status for r in results],
+        "undo": [r.undo for r in results],
+        "delays": [float(r.delay_s) for r in results],
+        "errors": [None if r.error is None else clip(r.error) for r in results],
+    }
+
+
+def write_results(engine: sa.Engine, results: Sequence[Result]) -> list[Result]:
+    """Write `results` in one fenced statement; returns the ones written (a lost claim writes nothing)."""
+    if not results:
+        return []
+    with engine.begin() as conn:
+        rows = conn.exec_driver_sql(sql.WRITE_RESULTS, results_params(results)).all()
+    return [results[int(r[0]) - 1] for r in rows]
+
+
+def new_token() -> uuid.UUID:
+    """A fresh claim token (one per claim statement)."""
+    return uuid.uuid4()
 
 
 def complete(engine: sa.Engine, claim: Claim) -> bool:
     """Mark the claimed payment DONE; False when the claim was lost (nothing written)."""
-    with engine.begin() as conn:
-        return conn.execute(sql.COMPLETE, {"id": claim.id, "token": claim.token}).rowcount == 1
+    return len(write_results(engine, [Result(claim, "DONE")])) == 1
+
+
+def outcome_status(claim: Claim, settings: QueueSettings, permanent: bool) -> Result:
+    """FAILED when permanent or at max attempts, else NEW after the backoff of this attempt."""
+    if permanent or claim.attempts >= settings.max_attempts:
+        return Result(claim, "FAILED")
+    return Result(claim, "NEW", delay_s=settings.backoff_s(claim.attempts))
 
 
 def retry_or_fail(engine: sa.Engine, claim: Claim, error: str, settings: QueueSettings, permanent: bool) -> str | None:
@@ -120,20 +193,14 @@ def retry_or_fail(engine: sa.Engine, claim: Claim, error: str, settings: QueueSe
 
     Returns the status written, or None when the claim was lost (nothing written).
     """
-    error = _clip(error)
-    with engine.begin() as conn:
-        if permanent or claim.attempts >= settings.max_attempts:
-            written = conn.execute(sql.FAIL, {"id": claim.id, "token": claim.token, "error": error}).rowcount
-            return "FAILED" if written == 1 else None
-        params = {"id": claim.id, "token": claim.token, "error": error, "delay_s": settings.backoff_s(claim.attempts)}
-        written = conn.execute(sql.RETRY, params).rowcount
-        return "NEW" if written == 1 else None
+    planned = outcome_status(claim, settings, permanent)
+    written = write_results(engine, [Result(claim, planned.status, delay_s=planned.delay_s, error=error)])
+    return planned.status if written else None
 
 
-def release(engine: sa.Engine, claim: Claim) -> bool:
+def release(engine: sa.Engine, claim: Claim, delay_s: float = 0.0) -> bool:
     """Give back a claim that was never processed (NEW again, attempt undone); False when lost."""
-    with engine.begin() as conn:
-        return conn.execute(sql.RELEASE, {"id": claim.id, "token": claim.token}).rowcount == 1
+    return len(write_results(engine, [Result(claim, "NEW", undo=1, delay_s=delay_s)])) == 1
 
 
 def dlq_list(engine: sa.Engine, limit: int = 100, *, after_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
@@ -180,7 +247,7 @@ def dlq_replay(engine: sa.Engine, ids: Sequence[uuid.UUID | str] | None) -> int:
 
 
 def queue_stats(engine: sa.Engine) -> dict[str, Any]:
-    """Counts by status, due NEW rows, and PROCESSING rows stuck past their claim lease."""
+    """`queue stats` (CONTRACT §7): counts by status, oldest_due_s, dlq_size, breaker; plus due and stuck rows."""
     by_status = dict.fromkeys(STATUSES, 0)
     due = stuck = 0
     with engine.connect() as conn:
@@ -188,7 +255,19 @@ def queue_stats(engine: sa.Engine) -> dict[str, Any]:
             by_status[row.status] = int(row.n)
             due += int(row.due)
             stuck += int(row.stuck)
-    return {"by_status": by_status, "total": sum(by_status.values()), "due": due, "stuck_processing": stuck}
+        oldest_due_s = float(conn.exec_driver_sql(sql.OLDEST_DUE_S).scalar_one())
+        state = conn.exec_driver_sql(sql.QUEUE_STATE, {"queue": QUEUE_NAME}).mappings().first()
+    return {
+        "by_status": by_status,
+        "total": sum(by_status.values()),
+        "due": due,
+        "stuck_processing": stuck,
+        "oldest_due_s": round(max(oldest_due_s, 0.0), 3),
+        "dlq_size": by_status["FAILED"],
+        "breaker": state["breaker"] if state else "closed",
+        "breaker_since": state["breaker_since"].isoformat() if state else None,
+        "breaker_recorded_by": state["recorded_by"] if state else None,
+    }
 
 
 def _as_uuid(value: uuid.UUID | str) -> uuid.UUID:
@@ -200,6 +279,7 @@ def _as_uuid(value: uuid.UUID | str) -> uuid.UUID:
         raise ConfigError(f"not a payment id: {value!r}", field="ids") from None
 
 
-def _clip(error: str) -> str:
+def clip(error: str) -> str:
+    """One line, at most ERROR_MAX_CHARS characters (last_error)."""
     text = " ".join(str(error).split())
     return text if len(text) <= ERROR_MAX_CHARS else text[: ERROR_MAX_CHARS - 1] + "…"

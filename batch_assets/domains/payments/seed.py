@@ -17,14 +17,24 @@ def seed_payments(engine: sa.Engine, rows: int, *, seed: int | None = None) -> i
 
 
 def copy_payments(
-    engine: sa.Engine, count: int, *, seed: int | None = None, amount_range: tuple[int, int] = (100, 100_000)
+    engine: sa.Engine,
+    count: int,
+    *,
+    seed: int | None = None,
+    amount_range: tuple[int, int] = (100, 100_000),
+    priority: int = 0,
 ) -> int:
-    """COPY `count` payments (id, amount_cents) in one transaction; returns the number inserted."""
+    """COPY `count` payments (id, amount_cents, priority) in one transaction; returns the number inserted.
+
+    One COPY is one statement, so the wake-up trigger sends one notification for all of them.
+    """
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ConfigError(f"must be a whole number >= 0, got {count!r}", field="count")
     lo, hi = (int(v) for v in amount_range)
     if lo < 0 or hi < lo:
         raise ConfigError(f"must be 0 <= low <= high, got {amount_range!r}", field="amount_range")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -32768 <= priority <= 32767:
+        raise ConfigError(f"must be a whole number in -32768..32767, got {priority!r}", field="priority")
     if count == 0:
         return 0
     rng = random.Random(seed) if seed is not None else random.SystemRandom()
@@ -32,7 +42,7 @@ def copy_payments(
     try:
         with raw.driver_connection.cursor() as cur, cur.copy(sql.COPY_PAYMENTS) as copy:
             for _ in range(count):
-                copy.write_row((uuid.UUID(int=rng.getrandbits(128), version=4), rng.randint(lo, hi)))
+                copy.write_row((uuid.UUID(int=rng.getrandbits(128), version=4), rng.randint(lo, hi), priority))
         raw.commit()
     except BaseException:
         raw.rollback()

@@ -10,99 +10,122 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-# CLAIM — claim up to :n due payments in one atomic statement.
-#   :n        int    batch size (also the limit of each branch)
-#   :lease_s  float  claim lease in seconds (claimed_until = now() + lease)
-#   :token    uuid   the claim token written to every claimed row (fencing)
+# The statements the worker runs on its own psycopg connection are plain strings in psycopg's
+# `%(name)s` style; the synchronous helpers of queue.py run the same strings through
+# `Connection.exec_driver_sql`, so each statement has one text.
+
+# CLAIM — claim up to %(n)s due payments in one atomic statement.
+#   %(n)s        int    batch size (also the limit of each branch)
+#   %(lease_s)s  float  claim lease in seconds (claimed_until = now() + lease)
+#   %(token)s    uuid   the claim token written to every claimed row (fencing)
 # Returns id, amount_cents, attempts (after the increment).
-# Two branches, one per partial index: NEW rows that are due (payments_new_due_idx, ordered
-# like the index) and PROCESSING rows whose lease passed (payments_processing_idx). Each branch
-# locks with SKIP LOCKED, so concurrent claimers never get the same row and never wait; the
-# union is merged by due time and cut to :n. Rows locked by a branch but cut by the outer
-# LIMIT are unlocked when this single-statement transaction commits.
-CLAIM = sa.text(
-    """
+# Two branches, one per partial index: NEW rows that are due, in claim-rank order
+# (payments_claim_rank_idx: higher priority first, one level gained per minute due), and
+# PROCESSING rows whose lease passed (payments_processing_idx). Each branch locks with SKIP
+# LOCKED, so concurrent claimers never get the same row and never wait; the union is cut to
+# %(n)s. Rows locked by a branch but cut by the outer LIMIT are unlocked at commit.
+# `id = ANY(ARRAY(...))` makes the update a primary-key lookup per claimed row; `id IN (...)`
+# lets the planner hash-join against a scan of the whole table.
+CLAIM = """
 UPDATE payments AS p
    SET status        = 'PROCESSING',
        attempts      = p.attempts + 1,
-       claimed_until = now() + make_interval(secs => :lease_s),
-       claim_token   = :token
- WHERE p.id IN (
+       claimed_until = now() + make_interval(secs => %(lease_s)s),
+       claim_token   = %(token)s
+ WHERE p.id = ANY(ARRAY(
        SELECT due.id
          FROM (
-               SELECT fresh.id, fresh.due_at
-                 FROM (SELECT id, next_attempt_at AS due_at
+               SELECT fresh.id, fresh.rank
+                 FROM (SELECT id, payment_claim_rank(next_attempt_at, priority) AS rank
                          FROM payments
                         WHERE status = 'NEW' AND next_attempt_at <= now()
-                        ORDER BY next_attempt_at, created_at
-                        LIMIT :n
+                        ORDER BY payment_claim_rank(next_attempt_at, priority)
+                        LIMIT %(n)s
                           FOR UPDATE SKIP LOCKED) AS fresh
                UNION ALL
-               SELECT stale.id, stale.due_at
-                 FROM (SELECT id, claimed_until AS due_at
+               SELECT stale.id, stale.rank
+                 FROM (SELECT id, claimed_until AS rank
                          FROM payments
                         WHERE status = 'PROCESSING' AND claimed_until < now()
                         ORDER BY claimed_until
-                        LIMIT :n
+                        LIMIT %(n)s
                           FOR UPDATE SKIP LOCKED) AS stale
               ) AS due
-        ORDER BY due.due_at
-        LIMIT :n)
+        ORDER BY due.rank
+        LIMIT %(n)s))
 RETURNING p.id, p.amount_cents, p.attempts
 """
-)
 
-# COMPLETE — mark a claimed payment DONE (fenced).
-#   :id     uuid  payment id
-#   :token  uuid  the claim token of this worker's claim
-# Matches 0 rows when the claim was lost.
-COMPLETE = sa.text(
-    """
-UPDATE payments
-   SET status = 'DONE', processed_at = now(), claimed_until = NULL
- WHERE id = :id AND status = 'PROCESSING' AND claim_token = :token
-"""
-)
-
-# RETRY — put a claimed payment back to NEW after a delay (fenced).
-#   :id       uuid   payment id
-#   :token    uuid   the claim token of this worker's claim
-#   :delay_s  float  backoff in seconds (next_attempt_at = now() + delay)
-#   :error    text   the error of this attempt (kept in last_error)
-RETRY = sa.text(
-    """
-UPDATE payments
-   SET status          = 'NEW',
-       next_attempt_at = now() + make_interval(secs => :delay_s),
+# WRITE_RESULTS — write a batch of results in one statement, each fenced by its claim token.
+#   %(ids)s       uuid[]    payment ids
+#   %(tokens)s    uuid[]    the claim token of each payment's claim
+#   %(statuses)s  text[]    DONE, FAILED, or NEW (a retry, or a claim given back)
+#   %(undo)s      int[]     1 gives the claim's attempt back (never called: stop, open breaker), else 0
+#   %(delays)s    float8[]  NEW only: seconds until next_attempt_at (backoff; 0 = due now)
+#   %(errors)s    text[]    last_error to record, or NULL to keep the stored one
+# `p.id = ANY(ids)` keeps the join on primary-key lookups whatever the statistics say.
+# Returns the 1-based position (in the arrays) of every row written; a row whose claim was lost (another
+# worker holds a newer token, or it already left PROCESSING) matches nothing, so DONE is
+# written at most once and a stale claim cannot overwrite the new owner's result.
+WRITE_RESULTS = """
+UPDATE payments AS p
+   SET status          = r.status,
+       attempts        = greatest(p.attempts - r.undo, 0),
+       next_attempt_at = CASE WHEN r.status = 'NEW' THEN now() + make_interval(secs => r.delay_s)
+                              ELSE p.next_attempt_at END,
        claimed_until   = NULL,
-       claim_token     = NULL,
-       last_error      = :error
- WHERE id = :id AND status = 'PROCESSING' AND claim_token = :token
+       claim_token     = CASE WHEN r.status = 'NEW' THEN NULL ELSE p.claim_token END,
+       last_error      = coalesce(r.error, p.last_error),
+       processed_at    = CASE WHEN r.status = 'NEW' THEN p.processed_at ELSE now() END
+  FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[], %(undo)s::int[],
+              %(delays)s::float8[], %(errors)s::text[])
+       WITH ORDINALITY AS r(id, token, status, undo, delay_s, error, ord)
+ WHERE p.id = ANY(%(ids)s::uuid[]) AND p.id = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
+RETURNING r.ord
 """
+
+# NEXT_DUE_IN — seconds until the earliest NEW row is due or the earliest claim lapses
+# (negative: already due; NULL: nothing queued). Both are a min over a partial index.
+NEXT_DUE_IN = """
+SELECT extract(epoch FROM least(
+           (SELECT min(next_attempt_at) FROM payments WHERE status = 'NEW'),
+           (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING')) - now())::float8
+"""
+
+# RECORD_STATE — record this worker's view of the outage breaker for `queue stats` and Dagster.
+#   %(queue)s       text   the queue name ('payments')
+#   %(breaker)s     text   closed | open | half_open
+#   %(cooldown_s)s  float  the current cool-down (NULL when closed)
+#   %(failures)s    int    transient failures in a row
+#   %(worker)s      text   who records it (host:pid)
+RECORD_STATE = """
+INSERT INTO ba_queue_state AS s (queue, breaker, breaker_since, cooldown_s, failures_in_row, recorded_by, updated_at)
+VALUES (%(queue)s, %(breaker)s, now(), %(cooldown_s)s, %(failures)s, %(worker)s, now())
+ON CONFLICT (queue) DO UPDATE
+   SET breaker         = excluded.breaker,
+       breaker_since   = CASE WHEN s.breaker = excluded.breaker THEN s.breaker_since ELSE now() END,
+       cooldown_s      = excluded.cooldown_s,
+       failures_in_row = excluded.failures_in_row,
+       recorded_by     = excluded.recorded_by,
+       updated_at      = now()
+"""
+
+# QUEUE_STATE — the last recorded breaker state of a queue.
+#   %(queue)s  text  the queue name
+QUEUE_STATE = (
+    "SELECT breaker, breaker_since, cooldown_s, recorded_by, updated_at FROM ba_queue_state WHERE queue = %(queue)s"
 )
 
-# FAIL — mark a claimed payment FAILED, terminal (fenced).
-#   :id     uuid  payment id
-#   :token  uuid  the claim token of this worker's claim
-#   :error  text  the reason, kept in last_error
-FAIL = sa.text(
-    """
-UPDATE payments
-   SET status = 'FAILED', processed_at = now(), claimed_until = NULL, last_error = :error
- WHERE id = :id AND status = 'PROCESSING' AND claim_token = :token
+# OLDEST_DUE_S — age in seconds of the oldest due payment (NEW and due, or a lapsed claim); 0 when none.
+OLDEST_DUE_S = """
+SELECT coalesce(extract(epoch FROM now() - least(
+           (SELECT min(next_attempt_at) FROM payments WHERE status = 'NEW' AND next_attempt_at <= now()),
+           (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()))), 0)::float8
 """
-)
 
-# RELEASE — give back a claim that was never started (graceful stop), undoing its attempt.
-#   :id     uuid  payment id
-#   :token  uuid  the claim token of this worker's claim
-RELEASE = sa.text(
-    """
-UPDATE payments
-   SET status = 'NEW', attempts = greatest(attempts - 1, 0), claimed_until = NULL, claim_token = NULL
- WHERE id = :id AND status = 'PROCESSING' AND claim_token = :token
-"""
-)
+# LISTEN_DUE — the channel the payments_notify_due triggers notify (migration 0002).
+DUE_CHANNEL = "batch_assets_payments_due"
+LISTEN_DUE = "LISTEN batch_assets_payments_due"
 
 # DLQ_LIST — FAILED payments in id order (payments_failed_idx), keyset after :after_id.
 #   :after_id  uuid  exclusive lower bound; the nil uuid for the first page
@@ -162,4 +185,4 @@ SELECT status,
 )
 
 # COPY_PAYMENTS — bulk insert of new payments (psycopg COPY); other columns take their defaults.
-COPY_PAYMENTS = "COPY payments (id, amount_cents) FROM STDIN"
+COPY_PAYMENTS = "COPY payments (id, amount_cents, priority) FROM STDIN"

@@ -63,6 +63,16 @@ _SETVAL_SQL = "SELECT setval(pg_get_serial_sequence(%(table)s, 'id'), %(last)s)"
 _CHUNK = 5000
 
 
+def _check_arguments(rows: int, expired_fraction: float, failing_fraction: float, enrollments_per: int) -> None:
+    """ConfigError naming the first invalid argument."""
+    for name, count in (("rows", rows), ("enrollments_per", enrollments_per)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ConfigError(f"must be a whole number >= 0, got {count!r}", field=name)
+    for name, value in (("expired_fraction", expired_fraction), ("failing_fraction", failing_fraction)):
+        if not (0.0 <= value <= 1.0):
+            raise ConfigError(f"must be within [0, 1], got {value!r}", field=name)
+
+
 def seed_subscriptions(
     engine: sa.Engine,
     rows: int,
@@ -78,13 +88,7 @@ def seed_subscriptions(
     Exactly round(rows * expired_fraction) rows have expiry_date < run_date, spread evenly;
     a `failing_fraction` of those get an enrollment whose deletion the demo guard refuses.
     """
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-        raise ConfigError(f"must be a whole number >= 0, got {rows!r}", field="rows")
-    for name, value in (("expired_fraction", expired_fraction), ("failing_fraction", failing_fraction)):
-        if not (0.0 <= value <= 1.0):
-            raise ConfigError(f"must be within [0, 1], got {value!r}", field=name)
-    if isinstance(enrollments_per, bool) or not isinstance(enrollments_per, int) or enrollments_per < 0:
-        raise ConfigError(f"must be a whole number >= 0, got {enrollments_per!r}", field="enrollments_per")
+    _check_arguments(rows, expired_fraction, failing_fraction, enrollments_per)
     if rows == 0:
         return 0
     run_date = run_date or date.today()

@@ -56,11 +56,6 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def failed_by_type_table(failed_by_type: Mapping[str, int]) -> dg.MetadataValue:
     rows = "\n".join(f"| {kind} | {count} |" for kind, count in sorted(failed_by_type.items()))
     return dg.MetadataValue.md("| kind | rows |\n|---|---|\n" + (rows or "| (none) | 0 |"))
@@ -155,7 +150,6 @@ __all__ = [
     "config_failure",
     "empty_summary",
     "finish",
-    "one_line",
     "record_skipped",
     "resolve_run_date",
     "stop_on_interrupt",

@@ -20,16 +20,21 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from batch_assets.db.engine import error_text
 from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import BatchAssetsError, LockNotAcquired
+from batch_assets.errors import BatchAssetsError, LockNotAcquired, error_text
+from batch_assets.locking.run_guard import (
+    acquire_run_lock,
+    joined_guard,
+    release_failed_run,
+    release_run_lock,
+    run_owner,
+)
 from batch_assets.orchestration.config import SweepConfig
 from batch_assets.orchestration.ops.common import (
     empty_summary,
-    failed_by_type_table,
     finish,
     resolve_run_date,
     stop_on_interrupt,
@@ -43,13 +48,6 @@ from batch_assets.orchestration.resources import (
     DatabaseResource,
     EncryptionResource,
     JobLockResource,
-)
-from batch_assets.orchestration.run_guard import (
-    acquire_run_lock,
-    joined_guard,
-    release_failed_run,
-    release_run_lock,
-    run_owner,
 )
 from batch_assets.shutdown import STOP
 
@@ -257,33 +255,6 @@ def merge_summaries(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-CATEGORY_COUNTS = sa.text(
-    "SELECT coalesce(age_category, '(not computed)') AS category, count(*) AS n "
-    "FROM customers WHERE status = 'ACTIVE' GROUP BY 1 ORDER BY 1"
-)
-
-
-def category_table(engine: sa.Engine) -> tuple[dict[str, int], dg.MetadataValue]:
-    with engine.connect() as conn:
-        counts = {row.category: int(row.n) for row in conn.execute(CATEGORY_COUNTS)}
-    body = "\n".join(f"| {name} | {n:,} |" for name, n in counts.items())
-    return counts, dg.MetadataValue.md("| age_category | ACTIVE customers |\n|---|---:|\n" + (body or "| (none) | 0 |"))
-
-
-def ranges_table(parts: Sequence[dict[str, Any]]) -> dg.MetadataValue:
-    lines = [
-        "| range | scanned | changed | failed | pages | duration_s | resumed_from |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for part in parts:
-        lines.append(
-            f"| {part.get('range')} | {part.get('scanned', 0):,} | {part.get('changed', 0):,} | "
-            f"{part.get('failed', 0):,} | {part.get('pages', 0):,} | {part.get('duration_s', 0)} | "
-            f"{part.get('resumed_from') or ''} |"
-        )
-    return dg.MetadataValue.md("\n".join(lines))
-
-
 @dg.op(tags={"kind": "sweep"})
 def summarise_sweep(
     context: dg.OpExecutionContext,
@@ -291,7 +262,7 @@ def summarise_sweep(
     database: DatabaseResource,
     job_lock: JobLockResource,
 ) -> dict:
-    """Merge the ranges, record the run summary, release lock and lease, report the assets."""
+    """Merge the ranges, record the run summary, release lock and lease (report_customer_status reports the assets)."""
     if not results:
         # plan_sweep mapped no range: the run was SKIPPED (recorded there) and holds no lock.
         context.log.info("no cursor range ran (the run was skipped); nothing to summarise")
@@ -310,45 +281,6 @@ def summarise_sweep(
     finally:
         release_run_lock(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
                          owner=first.get("owner") or run_owner(_root_run_id(context)))
-    counts, categories = category_table(engine)
-    tags = {"mode": str(mode), "run_date": str(run_date)}
-    common = {"run_date": str(run_date), "mode": str(mode), "duration_s": summary["duration_s"]}
-    context.log_event(
-        dg.AssetMaterialization(
-            asset_key="customer_status",
-            description=f"{mode} sweep for {run_date}",
-            metadata={
-                **common,
-                "scanned": summary["scanned"],
-                "changed": summary["changed"],
-                "unchanged": summary["unchanged"],
-                "failed": summary["failed"],
-                "failed_by_type": failed_by_type_table(summary["failed_by_type"]),
-                "pages": summary["pages"],
-                "decrypted": summary["decrypted"],
-                "counts_by_category": categories,
-                "active_customers": sum(counts.values()),
-                "ranges": ranges_table(results),
-            },
-            tags=tags,
-        )
-    )
-    context.log_event(
-        dg.AssetMaterialization(
-            asset_key="review_triggers",
-            description=f"review triggers written by the {mode} sweep for {run_date}",
-            metadata={**common, "triggers": summary["triggers"]},
-            tags=tags,
-        )
-    )
-    context.log_event(
-        dg.AssetMaterialization(
-            asset_key="outbox_events",
-            description=f"age_category_changed events written by the {mode} sweep for {run_date}",
-            metadata={**common, "events": summary["audit_events"]},
-            tags=tags,
-        )
-    )
     context.log.info(f"sweep summary recorded in {time.monotonic() - started:.2f}s")
     return summary
 

@@ -1,0 +1,92 @@
+"""What the command groups share: the engine, the key, the connection budget, config and the job launch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from batch_assets.cli.output import EXIT_BY_STATUS, SUMMARY_KEYS, emit, err
+from batch_assets.errors import (
+    EXIT_FAILED,
+    ConfigError,
+)
+from batch_assets.settings import Settings
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from batch_assets.crypto import DobCipher
+    from batch_assets.domains.customer_status.rules import Rules
+
+
+def engine_for(settings: Settings) -> sa.Engine:
+    """The process's engine, after checking the database answers (one-line error if not)."""
+    from batch_assets.db.engine import connected_engine
+
+    return connected_engine(settings)
+
+
+def check_connection_budget(engine: sa.Engine, needed: int) -> None:
+    """ConfigError (exit 2) when the server has fewer free connections than a run's budget needs."""
+    from batch_assets.db.engine import free_connections
+
+    free = free_connections(engine)
+    if needed > free:
+        raise ConfigError(
+            f"a run needs {needed} connections (workers + prefetch + side effects + heartbeat) but the server "
+            f"has {free} free (max_connections minus reserved and in use); lower --workers",
+            field="workers",
+        )
+
+
+def cipher_for_settings(settings: Settings) -> DobCipher:
+    from batch_assets.crypto import cipher_from_settings
+
+    return cipher_from_settings(settings)
+
+
+def current_rules_of(engine: sa.Engine) -> Rules:
+    from batch_assets.domains.customer_status.rules_store import rules_in_force
+
+    return rules_in_force(engine)
+
+
+def build_config(cls: type, **values: Any) -> Any:
+    """Build a run-config object and validate it fully; errors name the field (exit 2)."""
+    import pydantic
+
+    clean = {k: v for k, v in values.items() if v is not None}
+    try:
+        config = cls(**clean)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first.get("loc", ())) or None
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        if field and message.startswith(f"{field}: "):
+            message = message[len(field) + 2:]
+        raise ConfigError(message, field=field) from None
+    config.to_engine_settings()
+    return config
+
+
+def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any] | None = None) -> int:
+    """Launch `job_name` as a Dagster run, print its summary, return the exit code."""
+    from batch_assets.orchestration.launch import launch_job
+    from batch_assets.shutdown import install_signal_handlers
+
+    install_signal_handlers()
+    result = launch_job(job_name, config, settings=settings)
+    summary = dict(result.summary or {})
+    summary.setdefault("status", "FAILURE")
+    summary["run_id"] = result.run_id
+    for key in SUMMARY_KEYS:
+        summary.setdefault(key, {} if key == "failed_by_type" else 0)
+    for key, value in (extra or {}).items():
+        summary.setdefault(key, value)
+    if summary["status"] == "SKIPPED":
+        err(f"{job_name}: skipped, another run holds the lock")
+    elif summary["status"] != "SUCCESS":
+        err(f"{job_name}: run {result.run_id} ended {summary['status']}"
+            + (f": {summary['error']}" if summary.get("error") else ""))
+    emit(summary)
+    return EXIT_BY_STATUS.get(summary["status"], EXIT_FAILED)
+

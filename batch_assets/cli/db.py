@@ -1,0 +1,57 @@
+"""`batch-assets db migrate | url | stop`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from batch_assets.cli.common import engine_for
+from batch_assets.cli.output import emit, err
+from batch_assets.errors import (
+    EXIT_OK,
+    ConfigError,
+)
+from batch_assets.settings import Settings
+
+
+def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.db.migrate import applied_versions, migrate
+
+    engine = engine_for(settings)
+    applied = migrate(engine)
+    for m in applied:
+        err(f"applied migration {m.version:04d}_{m.name}")
+    versions = applied_versions(engine)
+    emit({"status": "SUCCESS", "applied": [m.version for m in applied], "schema_versions": versions})
+    return EXIT_OK
+
+
+def cmd_db_url(args: argparse.Namespace, settings: Settings) -> int:
+    from sqlalchemy.engine import make_url
+
+    from batch_assets.db.engine import resolve_database_url
+
+    url = make_url(resolve_database_url(settings))
+    print(url.render_as_string(hide_password=bool(url.password) and not args.show_password))
+    return EXIT_OK
+
+
+def cmd_db_stop(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.db import embedded
+
+    if not settings.embedded:
+        raise ConfigError("only the embedded server can be stopped; BATCH_ASSETS_DATABASE_URL is set")
+    was_running = embedded.stop(settings.home)
+    err("embedded PostgreSQL stopped" if was_running else "embedded PostgreSQL was not running")
+    return EXIT_OK
+
+
+
+def register(sub: Any) -> None:
+    """db migrate | url | stop"""
+    db = sub.add_parser("db", help="database: migrate, url, stop").add_subparsers(dest="db_command", required=True)
+    db.add_parser("migrate", help="create or upgrade every table, index and trigger").set_defaults(func=cmd_db_migrate)
+    url = db.add_parser("url", help="print the database URL (password hidden)")
+    url.add_argument("--show-password", action="store_true")
+    url.set_defaults(func=cmd_db_url)
+    db.add_parser("stop", help="stop the embedded PostgreSQL").set_defaults(func=cmd_db_stop)

@@ -1,0 +1,79 @@
+"""`batch-assets`: the one command line of CONTRACT §2 (the parser, the dispatch, the exit codes).
+
+Rules every command keeps:
+- progress and messages go to stderr; a job command's last line of stdout is
+  one JSON object (its summary), whatever the outcome;
+- exit codes: 0 success, 1 the run failed, 2 bad usage or configuration
+  (nothing was written), 75 skipped because another run holds the lock;
+- configuration is validated before anything is read or written;
+- no secret (database password, key, decrypted value) is ever printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from batch_assets.cli import db, outbox, queue, rules, seed, subscriptions, sweep, tools
+from batch_assets.cli.args import Parser
+from batch_assets.cli.output import emit, empty_summary, err
+from batch_assets.errors import (
+    EXIT_FAILED,
+    EXIT_SKIPPED,
+    BatchAssetsError,
+    first_line,
+)
+from batch_assets.settings import load_settings
+
+GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, tools)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="batch-assets", description="Fast, safe batch sweeps, queue and nightly jobs on PostgreSQL.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for group in GROUPS:
+        group.register(sub)
+    return p
+
+
+JOB_COMMANDS = {sweep.cmd_sweep, subscriptions.cmd_subscriptions_expire, queue.cmd_queue_work, outbox.cmd_outbox_relay}
+
+
+def _looks_like_job(argv: Sequence[str] | None) -> bool:
+    words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")]
+    return words[:1] == ["sweep"] or words[:2] in (["subscriptions", "expire"], ["queue", "work"], ["outbox", "relay"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    func = None
+    try:
+        args = parser.parse_args(argv)
+        func = args.func
+        settings = load_settings()
+        return func(args, settings)
+    except BatchAssetsError as exc:
+        err(f"error: {exc}")
+        if func in JOB_COMMANDS or (func is None and _looks_like_job(argv)):
+            status = "SKIPPED" if exc.exit_code == EXIT_SKIPPED else "FAILURE"
+            emit(empty_summary(status, error=str(exc)))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err("interrupted")
+        if func in JOB_COMMANDS:
+            emit(empty_summary("FAILURE", error="interrupted"))
+        return EXIT_FAILED
+    except Exception as exc:  # a defect: one line (no secrets: no locals, no values), JSON for job commands
+        err(f"error: unexpected {type(exc).__name__}: {first_line(str(exc))}")
+        if func in JOB_COMMANDS:
+            emit(empty_summary("FAILURE", error=f"unexpected {type(exc).__name__}"))
+        return EXIT_FAILED
+
+
+def run() -> None:
+    sys.exit(main())
+

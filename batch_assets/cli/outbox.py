@@ -1,0 +1,38 @@
+"""`batch-assets outbox relay [--follow]`: PENDING outbox events to the sink, as a Dagster run."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from batch_assets.cli.args import (
+    positive,
+)
+from batch_assets.cli.common import (
+    build_config,
+    engine_for,
+    run_job,
+)
+from batch_assets.settings import Settings
+
+
+def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.orchestration.config import OutboxRelayConfig
+
+    config = build_config(
+        OutboxRelayConfig, batch_size=args.batch_size, follow=args.follow or None, follow_seconds=args.max_seconds
+    )
+    engine_for(settings)
+    return run_job("outbox_relay_job", config, settings)
+
+
+def register(sub: Any) -> None:
+    """outbox relay"""
+    outbox = sub.add_parser("outbox", help="the outbox").add_subparsers(dest="outbox_command", required=True)
+    rl = outbox.add_parser("relay", help="send PENDING outbox events to the sink")
+    rl.add_argument("--batch-size", type=positive("batch-size"), default=None)
+    rl.add_argument("--follow", action="store_true",
+                    help="keep relaying until SIGTERM/SIGINT, woken by a notification on every new event")
+    rl.add_argument("--max-seconds", type=positive("max-seconds"), default=None,
+                    help="with --follow: stop after this many seconds")
+    rl.set_defaults(func=cmd_outbox_relay)

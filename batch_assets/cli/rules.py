@@ -1,0 +1,51 @@
+"""`batch-assets rules show | set`: the age-category rules."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from batch_assets.cli.common import (
+    engine_for,
+)
+from batch_assets.cli.output import emit, err
+from batch_assets.errors import (
+    EXIT_OK,
+)
+from batch_assets.settings import Settings
+
+
+def cmd_rules_show(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.domains.customer_status.rules_store import current_rules
+
+    with engine_for(settings).connect() as conn:
+        version, rules = current_rules(conn)
+    err(str(rules))
+    emit({"status": "SUCCESS", "version": version, "fingerprint": rules.fingerprint,
+          "rules": [{"category": r.category, "min_age": r.min_age} for r in rules.rules]})
+    return EXIT_OK
+
+
+def cmd_rules_set(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.domains.customer_status.rules import Rules
+    from batch_assets.domains.customer_status.rules_store import current_rules, set_rules
+
+    rules = Rules.parse(args.thresholds)
+    engine = engine_for(settings)
+    version = set_rules(engine, rules)
+    with engine.connect() as conn:
+        current_version, current = current_rules(conn)
+    err(f"rules version {current_version}: {current} (fingerprint {current.fingerprint}); "
+        "run `sweep customer-status --mode config-change` (the rules_changed_sensor does it on the daemon)")
+    emit({"status": "SUCCESS", "version": version, "fingerprint": current.fingerprint, "rules": str(current)})
+    return EXIT_OK
+
+
+
+def register(sub: Any) -> None:
+    """rules show | set"""
+    rules = sub.add_parser("rules", help="the age-category rules").add_subparsers(dest="rules_command", required=True)
+    rules.add_parser("show").set_defaults(func=cmd_rules_show)
+    rs = rules.add_parser("set")
+    rs.add_argument("--thresholds", required=True, help="NAME=AGE,... e.g. MINOR=0,YOUNG_ADULT=18,ADULT=26,SENIOR=65")
+    rs.set_defaults(func=cmd_rules_set)

@@ -1,0 +1,56 @@
+"""`batch-assets demo | bench | ui`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from batch_assets.cli.args import (
+    positive,
+)
+from batch_assets.cli.output import emit, err
+from batch_assets.settings import Settings
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.demo import run_demo
+
+    return run_demo(settings, rows=args.rows, emit=emit, err=err)
+
+
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.bench import run_bench
+
+    return run_bench(args, settings, emit=emit, err=err)
+
+
+def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
+    import os
+    import subprocess
+
+    from batch_assets.orchestration.launch import ensure_instance, repo_root
+
+    home = ensure_instance(settings)
+    err(f"DAGSTER_HOME={home}; open http://127.0.0.1:{args.port}")
+    env = dict(os.environ, DAGSTER_HOME=str(home))
+    cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(repo_root() / "workspace.yaml"), "-p", str(args.port)]
+    return subprocess.call(cmd, env=env)
+
+
+
+def register(sub: Any) -> None:
+    """demo, bench, ui"""
+    demo = sub.add_parser("demo", help="the README's main job, end to end")
+    demo.add_argument("--rows", type=positive("rows"), default=100_000)
+    demo.set_defaults(func=cmd_demo)
+
+    bench = sub.add_parser("bench", help="the benchmark suite (JSON report)")
+    from batch_assets.bench import add_arguments
+
+    add_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
+
+    ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on the CLI's instance")
+    ui.add_argument("--port", type=int, default=3000)
+    ui.set_defaults(func=cmd_ui)

@@ -1,0 +1,51 @@
+"""Run metadata for people: numbers the Plots tab can chart, and tables built with pandas.
+
+Never in the hot path: these run once per run, on small aggregates (counts by status,
+by category, per range), so pandas' cost does not matter and its tables read well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+import pandas as pd
+import sqlalchemy as sa
+
+NUMERIC_KEYS = ("scanned", "changed", "unchanged", "failed")
+
+
+def run_numbers(summary: Mapping[str, Any]) -> dict[str, int | float]:
+    """scanned / changed / unchanged / failed as ints, duration_s and rows_per_s as floats (charted over time)."""
+    numbers: dict[str, int | float] = {key: int(summary.get(key) or 0) for key in NUMERIC_KEYS}
+    duration = float(summary.get("duration_s") or 0.0)
+    numbers["duration_s"] = round(duration, 3)
+    numbers["rows_per_s"] = round(numbers["scanned"] / duration, 1) if duration > 0 else 0.0
+    return numbers
+
+
+def frame_table(frame: pd.DataFrame, *, empty: str = "(none)") -> dg.MetadataValue:
+    """A DataFrame as a markdown table (thousands separators for whole numbers)."""
+    if frame.empty:
+        frame = pd.DataFrame({frame.columns[0] if len(frame.columns) else "": [empty]})
+    shown = frame.copy()
+    for column in shown.columns:
+        if pd.api.types.is_integer_dtype(shown[column]):
+            shown[column] = shown[column].map("{:,}".format)
+    return dg.MetadataValue.md(shown.to_markdown(index=False))
+
+
+def counts_table(engine: sa.Engine, query: sa.TextClause, *, label: str) -> tuple[dict[str, int], dg.MetadataValue]:
+    """Rows by `label` from a (label, n) query: as numbers and as a table."""
+    with engine.connect() as conn:
+        rows = conn.execute(query).all()
+    frame = pd.DataFrame([(str(r[0]), int(r[1])) for r in rows], columns=[label, "rows"])
+    counts = dict(zip(frame[label], frame["rows"].astype(int), strict=True))
+    return {k: int(v) for k, v in counts.items()}, frame_table(frame)
+
+
+def records_table(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> dg.MetadataValue:
+    """A list of dicts (e.g. one per cursor range) as a table of the given columns."""
+    frame = pd.DataFrame([{c: r.get(c) for c in columns} for r in records], columns=list(columns))
+    return frame_table(frame)

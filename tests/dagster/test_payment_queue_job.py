@@ -1,0 +1,53 @@
+"""The payment worker job in Dagster: numeric metadata on payment_status, plug-in config failure."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from batch_assets.domains.payments import queue
+from batch_assets.orchestration.config import QueueDrainConfig
+from batch_assets.orchestration.launch import launch_job
+from batch_assets.settings import Settings
+
+pytestmark = pytest.mark.dagster
+
+
+def test_drain_records_numeric_metadata_on_payment_status(
+    dagster_env: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every drain materializes payment_status with throughput, oldest due age, DLQ size and breaker as numbers."""
+    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.domains.payments.noop:handle")
+    queue.enqueue(engine, 50, seed=41)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO payments (id, amount_cents, status) VALUES (gen_random_uuid(), 1, 'FAILED')"))
+        conn.execute(sa.text("INSERT INTO payments (id, amount_cents, next_attempt_at) "
+                             "VALUES (gen_random_uuid(), 1, now() + interval '1 hour')"))
+    result = launch_job("payment_queue_drain_job", QueueDrainConfig(drain=True, max_seconds=60), settings=dagster_env)
+    assert result.dagster_status == "SUCCESS", result.summary
+    assert result.summary["changed"] == 50 and result.summary["stopped_by"] == "drained"
+    with dg.DagsterInstance.get() as instance:
+        event = instance.get_latest_materialization_event(dg.AssetKey("payment_status"))
+    assert event is not None and event.run_id == result.run_id
+    metadata = event.asset_materialization.metadata
+    numeric = (dg.FloatMetadataValue, dg.IntMetadataValue)
+    for key in ("throughput_per_s", "oldest_due_s", "dlq_size", "breaker_state"):
+        assert isinstance(metadata[key], numeric), (key, metadata[key])
+    assert metadata["dlq_size"].value == 1 and metadata["breaker_state"].value == 0
+    assert metadata["throughput_per_s"].value > 0 and metadata["oldest_due_s"].value == 0
+
+
+def test_unimportable_plugin_fails_the_run_before_claiming(
+    dagster_env: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started from Dagster with an unimportable handler fails naming the variable; nothing is claimed."""
+    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "ba_no_such_module_xyz:handle")
+    queue.enqueue(engine, 3, seed=42)
+    result = launch_job("payment_queue_drain_job", QueueDrainConfig(drain=True), settings=dagster_env)
+    assert result.dagster_status == "FAILURE"
+    assert "BATCH_ASSETS_PAYMENT_HANDLER" in str(result.summary.get("error")), result.summary
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT status, attempts, count(*) FROM payments GROUP BY 1, 2")).all() == [
+            ("NEW", 0, 3)
+        ]
