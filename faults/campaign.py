@@ -69,7 +69,7 @@ class Sizes:
     fuzz: str  # "all" | "some"
 
 
-QUICK = Sizes(customers=20_000, subscriptions=10_000, payments=800, recovery_bound_s=60, fuzz="some")
+QUICK = Sizes(customers=20_000, subscriptions=10_000, payments=800, recovery_bound_s=90, fuzz="some")
 FULL = Sizes(customers=60_000, subscriptions=30_000, payments=2_000, recovery_bound_s=200, fuzz="all")
 
 
