@@ -29,3 +29,14 @@ ui: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .batch_assets
+
+# The fault campaign (issue 8): real processes on a PostgreSQL server, a Redis and a
+# limits stub that the campaign owns. `faults` (>= 50 faults, ~40 min) rewrites
+# docs/reliability.md; `faults-quick` (~8 faults, CI) writes its report to a temp file.
+FAULTS_ARGS ?=
+.PHONY: faults faults-quick
+faults: $(STAMP)
+	$(BIN)/python -m faults $(FAULTS_ARGS)
+
+faults-quick: $(STAMP)
+	$(BIN)/python -m faults --quick $(FAULTS_ARGS)

@@ -1,0 +1,849 @@
+"""The fault campaign: seeded faults at random points of real runs, recovery, independent invariants.
+
+One campaign = one PostgreSQL server (and a Redis, and a limits stub) of its own, a
+fresh BATCH_ASSETS_HOME, template databases seeded once through the CLI, and one
+database cloned from a template per fault. Every fault is a `FaultSpec`; running
+it gives a `FaultResult` (injected or not, the faulted run's outcome, the recovery
+runs and their time, the checker's report).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from faults import checker
+from faults.product import CliResult, Product, Running
+from faults.services import LimitsStub, PgServer, RedisServer
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 75
+EVALUATION_KINDS = ("missing_data", "invalid_value", "decrypt_failure")
+NEW_RULES = (("MINOR", 0), ("YOUNG_ADULT", 21), ("ADULT", 30), ("SENIOR", 60))
+NEW_RULES_TEXT = ",".join(f"{c}={a}" for c, a in NEW_RULES)
+PG_FAULTS = ("kill9", "sigterm", "terminate", "restart_fast", "restart_immediate")
+FAULT_LABEL = {
+    "kill9": "kill -9",
+    "sigterm": "SIGTERM",
+    "terminate": "pg_terminate_backend",
+    "restart_fast": "pg_ctl restart -m fast",
+    "restart_immediate": "pg_ctl restart -m immediate",
+    "redis_down": "lock store (Redis) down",
+    "redis_restart_empty": "lock store restarted empty",
+    "redis_between_ranges": "lock store stopped between ranges (--ranges 4)",
+    "limits_down": "limits service down",
+    "limits_hang": "limits service hanging",
+    "limits_flaky": "limits service flaky (50% 503)",
+    "limits_503": "limits service 503",
+    "write_errors": "write errors on some rows (trigger RAISEs)",
+}
+JOB_LABEL = {"sweep": "sweep", "queue": "queue drain (3 workers)", "expiry": "subscriptions expire",
+             "relay": "outbox relay"}
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def log(message: str) -> None:
+    print(f"[faults {datetime.now(UTC):%H:%M:%S}] {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    customers: int
+    subscriptions: int
+    payments: int
+    recovery_bound_s: float
+    fuzz: str  # "all" | "some"
+
+
+QUICK = Sizes(customers=20_000, subscriptions=10_000, payments=800, recovery_bound_s=90, fuzz="some")
+FULL = Sizes(customers=60_000, subscriptions=30_000, payments=2_000, recovery_bound_s=200, fuzz="all")
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    job: str  # sweep | queue | expiry | relay
+    fault: str  # a FAULT_LABEL key
+    mode: str | None = None  # sweep mode
+    at: float = 0.3  # progress fraction at which the fault is injected
+    workers: int = 4
+
+    @property
+    def label(self) -> str:
+        what = JOB_LABEL[self.job] + (f" {self.mode}" if self.mode else "")
+        return f"{FAULT_LABEL[self.fault]} · {what}"
+
+
+@dataclass
+class FaultResult:
+    spec: FaultSpec
+    seed: int
+    injected: bool = False
+    injected_note: str = ""
+    faulted: str = ""
+    truth_violation: str | None = None
+    recovery_runs: int = 0
+    recovery_rcs: list[int] = field(default_factory=list)
+    recovered: bool = False
+    recovery_s: float | None = None
+    report: checker.Report = field(default_factory=checker.Report)
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def reason(self) -> str:
+        """Why a fault failed, in a few words (the table's outcome column)."""
+        if self.outcome != "FAIL":
+            return ""
+        parts = []
+        if self.truth_violation:
+            parts.append("untruthful SUCCESS" if self.truth_violation.startswith("SUCCESS") else "partial state")
+        if not self.recovered:
+            parts.append("no recovery")
+        if not self.report.ok:
+            parts.append("invariants")
+        return "+".join(parts)
+
+    @property
+    def outcome(self) -> str:
+        if self.error:
+            return "error"
+        if not self.injected:
+            return "not injected"
+        if self.truth_violation or not self.recovered or not self.report.ok:
+            return "FAIL"
+        return "pass"
+
+
+# --- progress probes -----------------------------------------------------------------
+
+
+class Probe:
+    """A polled count on the scenario's database (a fresh connection each time: faults cut them)."""
+
+    def __init__(self, pg: PgServer, database: str, query: str, params: dict[str, Any] | None = None) -> None:
+        self.engine = pg.admin_engine(database)
+        self.query = sa.text(query)
+        self.params = params or {}
+
+    def value(self) -> int | None:
+        try:
+            with self.engine.connect() as conn:
+                return int(conn.execute(self.query, self.params).scalar() or 0)
+        except sa.exc.SQLAlchemyError:
+            return None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def wait_progress(probe: Probe, target: int, procs: list[Running], timeout: float) -> tuple[bool, int | None]:
+    """Poll until the count reaches `target`; False when every process ended first (nothing to inject into)."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = probe.value()
+        if value is not None and value >= target:
+            return True, value
+        if not any(p.running() for p in procs):
+            return False, value
+        time.sleep(0.03)  # polling interval
+    return False, value
+
+
+# --- the campaign ----------------------------------------------------------------------
+
+
+class Campaign:
+    def __init__(self, root: Path, seed: int, sizes: Sizes, *, use_redis: bool = True) -> None:
+        self.root = root
+        self.seed = seed
+        self.sizes = sizes
+        self.rng = random.Random(seed)
+        self.run_date = datetime.now(UTC).date()
+        self.pg = PgServer(root / "pg")
+        self.redis = RedisServer(root / "redis") if use_redis and RedisServer.available() else None
+        self.stub = LimitsStub(seed)
+        self.home = root / "home"
+        self.key_text = ""
+        self.product: Product | None = None
+        self.results: list[FaultResult] = []
+        self.fuzz: list[dict[str, Any]] = []
+        self.config_fuzz: list[dict[str, Any]] = []
+        self.secrets: dict[str, Any] = {}
+        self.dobs: set[str] = set()
+        self.drain_flag: list[str] = []
+        self.skipped: list[str] = []
+        self._next_db = 0
+
+    # -- services ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        import base64
+
+        self.key_text = base64.urlsafe_b64encode(os.urandom(32)).decode("ascii")
+        log(f"PostgreSQL from {self.pg.bindir} on 127.0.0.1:{self.pg.port}")
+        self.pg.init()
+        self.pg.start()
+        if self.redis is not None:
+            self.redis.start()
+            log(f"Redis on 127.0.0.1:{self.redis.port}")
+        else:
+            log("redis-server not found: the lock-store faults are skipped")
+        self.stub.start()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.product = Product(self.root / "work", {
+            "BATCH_ASSETS_ENCRYPTION_KEY": self.key_text,
+            "BATCH_ASSETS_HOME": str(self.home),
+            "BATCH_ASSETS_LIMITS_URL": self.stub.url,
+        })
+
+    def stop(self) -> None:
+        steps = [self.product.kill_all] if self.product is not None else []
+        for step in (*steps, self.stub.stop, *([self.redis.stop] if self.redis else []), self.pg.stop):
+            try:
+                step()
+            except Exception as exc:  # cleanup goes on: every service must be stopped
+                log(f"cleanup: {type(exc).__name__}: {exc}")
+
+    def env_for(self, database: str, *, redis: bool = False) -> dict[str, str]:
+        assert self.product is not None
+        return self.product.with_env(
+            BATCH_ASSETS_DATABASE_URL=self.pg.app_url(database),
+            BATCH_ASSETS_REDIS_URL=self.redis.url if (redis and self.redis) else None,
+        )
+
+    def cli(self, database: str, *args: str, timeout: float = 300, redis: bool = False,
+            env: dict[str, str] | None = None) -> CliResult:
+        assert self.product is not None
+        return self.product.run(*args, timeout=timeout, env=env or self.env_for(database, redis=redis))
+
+    def must(self, database: str, *args: str, timeout: float = 300) -> CliResult:
+        result = self.cli(database, *args, timeout=timeout)
+        if result.rc != EXIT_OK:
+            raise RuntimeError(f"setup `{' '.join(args)}` failed: {result.brief()} {result.stderr_tail()}")
+        return result
+
+    # -- templates -----------------------------------------------------------------------
+
+    def build_templates(self) -> None:
+        s, rd = self.sizes, self.run_date.isoformat()
+        t0 = time.monotonic()
+        self.pg.create_database("tpl_fresh")
+        self.must("tpl_fresh", "db", "migrate")
+        self.must("tpl_fresh", "seed", "customers", "--rows", str(s.customers), "--bad-fraction", "0.002",
+                  "--seed", str(self.seed), "--run-date", rd)
+        self.pg.create_database("tpl_settled")
+        self.must("tpl_settled", "db", "migrate")
+        self.must("tpl_settled", "seed", "customers", "--rows", str(s.customers), "--due-fraction", "0.3",
+                  "--bad-fraction", "0.002", "--seed", str(self.seed + 1), "--run-date", rd)
+        self.must("tpl_settled", "seed", "subscriptions", "--rows", str(s.subscriptions), "--expired-fraction", "0.5",
+                  "--seed", str(self.seed), "--run-date", rd)
+        self.pg.create_database("tpl_outbox", template="tpl_fresh")
+        self.must("tpl_outbox", "sweep", "customer-status", "--mode", "full", "--run-date", rd)
+        help_text = self.cli("tpl_fresh", "queue", "work", "--help").stdout
+        self.drain_flag = ["--drain"] if "--drain" in help_text else ["--max-seconds", "120"]
+        self._collect_dobs()
+        log(f"templates ready in {time.monotonic() - t0:.0f}s ({s.customers:,} customers each; "
+            f"queue drain flag: {' '.join(self.drain_flag)})")
+
+    def _collect_dobs(self) -> None:
+        """Every decrypted date of birth of the templates: none may appear in any output (secret scan)."""
+        aead = checker.AESGCM(checker.decode_key(self.key_text))
+        for db in ("tpl_fresh", "tpl_settled"):
+            engine = self.admin(db)
+            try:
+                with engine.connect() as conn:
+                    for cid, blob in conn.exec_driver_sql("SELECT id, encrypted_dob FROM customers"):
+                        text = checker.decrypt_dob(aead, cid, bytes(blob) if blob is not None else None)
+                        # Dates of birth of the last two years look like run dates, expiry dates and
+                        # timestamps the product prints on purpose: only older ones are searched.
+                        if text and checker._DATE.fullmatch(text) and text[:4] < str(self.run_date.year - 1):
+                            self.dobs.add(text)
+            finally:
+                engine.dispose()
+        self.dobs.discard(self.run_date.isoformat())  # the run date is printed on purpose
+
+    def clone(self, template: str) -> str:
+        self._next_db += 1
+        name = f"f{self._next_db:03d}"
+        self.pg.create_database(name, template=template)
+        return name
+
+    def admin(self, database: str) -> sa.Engine:
+        """Transactions of our own (the checker streams rows with a server-side cursor)."""
+        return self.pg.admin_engine(database, autocommit=False)
+
+    # -- faults --------------------------------------------------------------------------
+
+    def inject(self, fault: str, procs: list[Running], database: str) -> str:
+        if fault == "kill9":
+            procs[0].signal(signal.SIGKILL)
+            return f"SIGKILL to pid {procs[0].pid}"
+        if fault == "sigterm":
+            procs[0].signal(signal.SIGTERM)
+            return f"SIGTERM to pid {procs[0].pid}"
+        if fault == "terminate":
+            return f"terminated {self.pg.terminate_backends(database)} backends"
+        if fault in ("restart_fast", "restart_immediate"):
+            mode = fault.split("_")[1]
+            t = time.monotonic()
+            self.pg.restart(mode)
+            return f"restarted (-m {mode}) in {time.monotonic() - t:.1f}s"
+        if fault == "redis_restart_empty":
+            assert self.redis is not None
+            self.redis.restart_empty()
+            return "Redis restarted empty"
+        if fault == "redis_between_ranges":
+            assert self.redis is not None
+            self.redis.stop()
+            return "Redis stopped"
+        raise ValueError(fault)
+
+    def recover(self, database: str, args: list[str], res: FaultResult, t_fault: float, *, redis: bool = False,
+                before_each: Callable[[], None] | None = None, done: Callable[[CliResult], bool] | None = None,
+                faulted: CliResult | None = None, faulted_end: float = 0.0) -> CliResult | None:
+        """Run `args` again until it ends SUCCESS (exit 0), within the bound; 75 = wait for the lock.
+
+        A faulted run that itself ended SUCCESS (having survived the fault) needs no recovery run.
+        """
+        deadline = t_fault + self.sizes.recovery_bound_s
+        last = None
+        if faulted is not None and faulted.rc == EXIT_OK and faulted.status == "SUCCESS" and (
+            done is None or done(faulted)
+        ):
+            res.recovered = True
+            res.recovery_s = max(0.0, faulted_end - t_fault)
+            return faulted
+        while time.monotonic() < deadline:
+            if before_each is not None:
+                before_each()
+            last = self.cli(database, *args, redis=redis, timeout=max(30.0, deadline - time.monotonic() + 30))
+            res.recovery_runs += 1
+            res.recovery_rcs.append(last.rc)
+            if last.rc == EXIT_OK and last.status == "SUCCESS" and (done is None or done(last)):
+                res.recovered = True
+                res.recovery_s = time.monotonic() - t_fault
+                return last
+            if last.rc not in (EXIT_OK, EXIT_SKIPPED, EXIT_FAILED):
+                res.notes.append(f"recovery run {res.recovery_runs}: {last.brief()} {last.stderr_tail(1)[:200]}")
+            time.sleep(2 if last.rc == EXIT_SKIPPED else 0.5)  # wait for the lock holder, then retry
+        if last is not None:
+            res.notes.append(f"no SUCCESS within {self.sizes.recovery_bound_s:.0f}s "
+                             f"({res.recovery_runs} runs, last {last.brief()} {last.stderr_tail(1)[:200]})")
+        return last
+
+    # -- scenarios -----------------------------------------------------------------------
+
+    def run_fault(self, spec: FaultSpec, index: int) -> FaultResult:
+        res = FaultResult(spec, seed=self.seed * 1000 + index)
+        t = time.monotonic()
+        try:
+            if spec.job == "sweep":
+                self._sweep_fault(spec, res)
+            elif spec.job == "queue":
+                self._queue_fault(spec, res)
+            elif spec.job == "expiry":
+                self._expiry_fault(spec, res)
+            elif spec.job == "relay":
+                self._relay_fault(spec, res)
+        except Exception as exc:  # one broken scenario is reported and the campaign goes on
+            res.error = f"{type(exc).__name__}: {str(exc)[:300]}"
+        finally:
+            if self.redis is not None and not self.redis.running():
+                self.redis.start()
+            self.stub.set_mode("ok")
+        log(f"#{index:02d} {spec.label} at {spec.at:.0%}: {res.outcome} ({time.monotonic() - t:.0f}s) "
+            f"{res.injected_note}; faulted {res.faulted}; recovery "
+            f"{_secs(res.recovery_s)} in {res.recovery_runs} runs; "
+            f"{res.truth_violation or ''} {res.report.describe() if not res.report.ok else ''} "
+            f"{res.error or ''} {' | '.join(res.notes)}")
+        return res
+
+    def _truth(self, database: str, result: CliResult, rules: tuple[tuple[str, int], ...],
+               baseline: checker.Baseline) -> str | None:
+        """A run that said SUCCESS must have left no row in scope uncomputed (beyond its `failed`)."""
+        if result.rc != EXIT_OK and result.status != "SUCCESS":
+            return None
+        engine = self.admin(database)
+        try:
+            with engine.connect() as conn:
+                report = checker.check_customers(conn, self.key_text, self.run_date, rules, baseline)
+        finally:
+            engine.dispose()
+        missing = sum(report.violations[k] for k in ("uncomputed", "wrong_category", "wrong_next_review"))
+        summary = result.summary or {}
+        by_type = summary.get("failed_by_type")
+        if isinstance(by_type, dict) and by_type:
+            # Only failures that are not the row's own (missing_data, invalid_value, decrypt_failure)
+            # may account for rows left uncomputed.
+            failed = sum(int(n or 0) for k, n in by_type.items() if k not in EVALUATION_KINDS)
+        else:
+            failed = int(summary.get("failed") or 0) - report.info["unevaluable"]
+        if missing > max(failed, 0):
+            return (f"SUCCESS (rc {result.rc}) with {missing} rows in scope not computed (summary failed="
+                    f"{summary.get('failed')}, unevaluable rows {report.info['unevaluable']}): "
+                    f"{report.describe()[:300]}")
+        return None
+
+    def _sweep_fault(self, spec: FaultSpec, res: FaultResult) -> None:
+        mode = spec.mode or "full"
+        template = "tpl_fresh" if mode == "full" else "tpl_settled"
+        db = self.clone(template)
+        redis = spec.fault.startswith("redis")
+        if redis and self.redis is None:
+            res.injected_note = "skipped: no redis-server"
+            return
+        rules = checker.DEFAULT_RULES
+        if mode == "config-change":
+            self.must_env(db, ["rules", "set", "--thresholds", NEW_RULES_TEXT])
+            rules = NEW_RULES
+        engine = self.admin(db)
+        with engine.connect() as conn:
+            baseline = checker.take_baseline(conn)
+            todo = checker.check_customers(conn, self.key_text, self.run_date, rules, baseline)
+        engine.dispose()
+        to_write = sum(todo.violations[k] for k in ("uncomputed", "wrong_category", "wrong_next_review"))
+        rd = self.run_date.isoformat()
+        args = ["sweep", "customer-status", "--mode", mode, "--run-date", rd, "--workers", str(spec.workers)]
+        if spec.fault == "redis_between_ranges":
+            args += ["--ranges", "4"]
+        if spec.fault == "write_errors":
+            poisoned = self._poison(db, res)
+            res.injected, res.injected_note = poisoned > 0, f"{poisoned} rows poisoned"
+        if spec.fault == "redis_down":
+            assert self.redis is not None
+            self.redis.stop()
+            res.injected, res.injected_note = True, "Redis stopped before the run"
+        started_at = datetime.now(UTC)
+        proc = self.product.start(*args, env=self.env_for(db, redis=redis))  # type: ignore[union-attr]
+        t_fault = time.monotonic()
+        if spec.fault in PG_FAULTS or spec.fault in ("redis_restart_empty", "redis_between_ranges"):
+            if spec.fault == "redis_between_ranges":
+                probe = Probe(self.pg, db, "SELECT count(*) FROM ba_checkpoints WHERE status = 'DONE' "
+                                           "AND updated_at >= :t", {"t": started_at})
+                target = 1
+            else:
+                probe = Probe(self.pg, db, "SELECT count(*) FROM customers WHERE updated_at >= :t", {"t": started_at})
+                target = max(1, int(to_write * spec.at))
+            ok, seen = wait_progress(probe, target, [proc], timeout=240)
+            probe.close()
+            if ok:
+                t_fault = time.monotonic()
+                res.injected = True
+                unit = " range(s) finished" if spec.fault == "redis_between_ranges" else f"/{to_write:,} rows written"
+                res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen:,}{unit}"
+            else:
+                res.injected_note = f"not injected: the run ended first ({seen} of target {target})"
+        faulted = proc.finish(timeout=300)
+        faulted_end = time.monotonic()
+        self.product.record(faulted)  # type: ignore[union-attr]
+        res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
+        if spec.fault == "redis_down":
+            res.notes.append(f"run with the lock store down: {faulted.brief()} {faulted.stderr_tail(1)[:160]}")
+        if not res.injected:
+            return
+        if faulted.rc == -999:
+            res.notes.append("the faulted run did not end within 300s")
+        res.truth_violation = self._truth(db, faulted, rules, baseline)
+        if self.redis is not None and not self.redis.running():
+            self.redis.start()
+        if spec.fault == "write_errors":
+            self._unpoison(db)
+            t_fault = time.monotonic()  # the fault lasted the whole run: recovery starts as it heals
+        if spec.fault == "write_errors":
+            # Rows whose write failed must have stayed due: the next delta, once the writes work
+            # again, is the recovery (and must repair every one of them).
+            res.notes.append("recovery is a delta sweep after the trigger was dropped")
+            delta = ["sweep", "customer-status", "--mode", "delta", "--run-date", rd, "--workers", str(spec.workers)]
+            self.recover(db, delta, res, t_fault, redis=redis)
+        else:
+            # An untruthful SUCCESS is not a recovery: run again, as the next night would.
+            self.recover(db, args, res, t_fault, redis=redis, faulted=None if res.truth_violation else faulted,
+                         faulted_end=faulted_end)
+        engine = self.admin(db)
+        with engine.connect() as conn:
+            res.report = checker.check_customers(conn, self.key_text, self.run_date, rules, baseline)
+        engine.dispose()
+        self._scan_outbox(db)
+        self.pg.drop_database(db)
+
+    def must_env(self, db: str, args: list[str]) -> None:
+        self.must(db, *args)
+
+    def _poison(self, db: str, res: FaultResult) -> int:
+        """A trigger that RAISEs on the UPDATE of one row in 10,000 (at least 3; chosen by the seed).
+
+        Few rows: each one sends its whole page to the per-row fallback, which is slow by design.
+        """
+        engine = self.admin(db)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("CREATE TABLE faults_poison (id uuid PRIMARY KEY)")
+                n = conn.exec_driver_sql(
+                    "INSERT INTO faults_poison SELECT id FROM customers WHERE status = 'ACTIVE' "
+                    "AND (next_review_date IS NULL OR next_review_date <= %(rd)s OR %(all)s) "
+                    "ORDER BY md5(id::text || %(seed)s) LIMIT greatest(3, (SELECT count(*) FROM customers) / 10000)",
+                    {"seed": str(res.seed), "rd": self.run_date, "all": res.spec.mode != "delta"},
+                ).rowcount
+                # SECURITY DEFINER: the product's role must not need rights on the campaign's table.
+                conn.exec_driver_sql("""CREATE FUNCTION faults_poison_raise() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = public AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM faults_poison WHERE id = NEW.id) THEN
+        RAISE EXCEPTION 'faults: write refused for this row';
+    END IF;
+    RETURN NEW;
+END;
+$$""")
+                conn.exec_driver_sql("CREATE TRIGGER faults_poison BEFORE UPDATE ON customers "
+                                     "FOR EACH ROW EXECUTE FUNCTION faults_poison_raise()")
+            return int(n)
+        finally:
+            engine.dispose()
+
+    def _unpoison(self, db: str) -> None:
+        engine = self.admin(db)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("DROP TRIGGER IF EXISTS faults_poison ON customers")
+        finally:
+            engine.dispose()
+
+    # -- the queue -----------------------------------------------------------------------
+
+    def _queue_fault(self, spec: FaultSpec, res: FaultResult) -> None:
+        db = self.clone("tpl_settled")
+        engine = self.admin(db)
+        with engine.begin() as conn:
+            checker.install_done_audit(conn)
+        self.must(db, "queue", "enqueue", "--count", str(self.sizes.payments), "--seed", str(res.seed))
+        self.stub.reset_counts()
+        self.stub.set_mode("ok")
+        args = ["queue", "work", "--concurrency", "4", *self.drain_flag]
+        env = self.env_for(db)
+        workers = [self.product.start(*args, env=env) for _ in range(3)]  # type: ignore[union-attr]
+        probe = Probe(self.pg, db, "SELECT count(*) FROM payments WHERE status = 'DONE'")
+        target = max(1, int(self.sizes.payments * spec.at))
+        t_fault = time.monotonic()
+        try:
+            ok, seen = wait_progress(probe, target, workers, timeout=240)
+            if ok:
+                t_fault = time.monotonic()
+                res.injected = True
+                if spec.fault.startswith("limits_"):
+                    mode = spec.fault.removeprefix("limits_")
+                    self.stub.set_mode(mode)
+                    self.stub.hang_s = 15.0
+                    # The outage lasts a few seconds of the drain, then the service is back.
+                    end = time.monotonic() + 6
+                    while time.monotonic() < end and any(w.running() for w in workers):
+                        time.sleep(0.1)  # polling interval
+                    self.stub.set_mode("ok")
+                    res.injected_note = f"limits {mode} for 6s at {seen:,}/{self.sizes.payments:,} DONE"
+                else:
+                    res.injected_note = f"{self.inject(spec.fault, workers, db)} at {seen:,} DONE"
+            else:
+                res.injected_note = f"not injected: the drain ended first ({seen} DONE)"
+        finally:
+            probe.close()
+            outs = [w.finish(timeout=240) for w in workers]
+            queue_end = time.monotonic()
+        for out in outs:
+            self.product.record(out)  # type: ignore[union-attr]
+        res.faulted = "; ".join(o.brief() for o in outs)
+        if not res.injected:
+            self.pg.drop_database(db)
+            return
+
+        def fast_forward() -> None:
+            # Simulate the passage of time (backoff and claim leases run in minutes), only
+            # while no worker runs; FAILED payments (the DLQ) are replayed as an operator would.
+            with engine.begin() as conn:
+                conn.exec_driver_sql("UPDATE payments SET next_attempt_at = now() WHERE status = 'NEW'")
+                conn.exec_driver_sql("UPDATE payments SET claimed_until = now() - interval '1 second' "
+                                     "WHERE status = 'PROCESSING'")
+                failed = conn.exec_driver_sql("SELECT count(*) FROM payments WHERE status = 'FAILED'").scalar()
+            if failed:
+                res.notes.append(f"{failed} FAILED payments replayed from the DLQ")
+                self.cli(db, "queue", "dlq", "replay")
+
+        def all_done(_: CliResult) -> bool:
+            with engine.connect() as conn:
+                return not conn.exec_driver_sql("SELECT count(*) FROM payments WHERE status <> 'DONE'").scalar()
+
+        survived = all(o.rc == EXIT_OK and o.status == "SUCCESS" for o in outs)
+        self.recover(db, args, res, t_fault, before_each=fast_forward, done=all_done,
+                     faulted=outs[0] if survived else None, faulted_end=queue_end)
+        with engine.connect() as conn:
+            res.report = checker.check_payments(conn, self.stub.posts, self.stub.accepted, complete=True)
+        engine.dispose()
+        self.secrets.setdefault("stub_bodies", []).extend(self.stub.bodies[:2000])
+        self.pg.drop_database(db)
+
+    # -- subscriptions -------------------------------------------------------------------
+
+    def _expiry_fault(self, spec: FaultSpec, res: FaultResult) -> None:
+        db = self.clone("tpl_settled")
+        engine = self.admin(db)
+        with engine.connect() as conn:
+            baseline = checker.take_baseline(conn)
+            due = conn.exec_driver_sql("SELECT count(*) FROM subscriptions WHERE status = 'ACTIVE' "
+                                       "AND expiry_date < %(rd)s", {"rd": self.run_date}).scalar()
+        args = ["subscriptions", "expire", "--run-date", self.run_date.isoformat()]
+        proc = self.product.start(*args, env=self.env_for(db))  # type: ignore[union-attr]
+        probe = Probe(self.pg, db, "SELECT count(*) FROM subscriptions WHERE status <> 'ACTIVE'")
+        already = sum(1 for s in baseline.subscription_status.values() if s != "ACTIVE")
+        target = already + max(1, int(due * spec.at))
+        t_fault = time.monotonic()
+        ok, seen = wait_progress(probe, target, [proc], timeout=240)
+        probe.close()
+        if ok:
+            t_fault = time.monotonic()
+            res.injected = True
+            res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen - already:,}/{due:,} expired"
+        else:
+            res.injected_note = f"not injected: the job ended first ({(seen or 0) - already} of {due})"
+        faulted = proc.finish(timeout=300)
+        faulted_end = time.monotonic()
+        self.product.record(faulted)  # type: ignore[union-attr]
+        res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
+        if res.injected:
+            survived = faulted.rc == EXIT_OK and faulted.status == "SUCCESS"
+            with engine.connect() as conn:
+                # A run that says SUCCESS must have expired every due subscription (or marked it FAILED).
+                mid = checker.check_subscriptions(conn, self.run_date, baseline, complete=survived)
+            if not mid.ok:
+                res.truth_violation = (f"{'SUCCESS' if survived else 'right after the fault'}: "
+                                       f"{mid.describe()}")
+            self.recover(db, args, res, t_fault, faulted=None if res.truth_violation else faulted,
+                         faulted_end=faulted_end)
+            with engine.connect() as conn:
+                res.report = checker.check_subscriptions(conn, self.run_date, baseline, complete=True)
+        engine.dispose()
+        self.pg.drop_database(db)
+
+    # -- the outbox relay ----------------------------------------------------------------
+
+    def _relay_fault(self, spec: FaultSpec, res: FaultResult) -> None:
+        db = self.clone("tpl_outbox")
+        redis = spec.fault.startswith("redis")
+        if redis and self.redis is None:
+            res.injected_note = "skipped: no redis-server"
+            return
+        sink = self.home / "outbox.jsonl"
+        if sink.exists():
+            sink.unlink()
+        if redis:
+            self._redis_del_stream()
+        engine = self.admin(db)
+        with engine.connect() as conn:
+            total = conn.exec_driver_sql("SELECT count(*) FROM outbox_events").scalar()
+        args = ["outbox", "relay"]
+        proc = self.product.start(*args, env=self.env_for(db, redis=redis))  # type: ignore[union-attr]
+        probe = Probe(self.pg, db, "SELECT count(*) FROM outbox_events WHERE status = 'SENT'")
+        t_fault = time.monotonic()
+        ok, seen = wait_progress(probe, max(1, int(total * spec.at)), [proc], timeout=240)
+        probe.close()
+        lost_with_sink: set[int] = set()
+        if ok:
+            t_fault = time.monotonic()
+            res.injected = True
+            res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen:,}/{total:,} SENT"
+            if redis:
+                # The sink itself (a Redis without persistence) lost what it held: events SENT before
+                # the restart cannot be in it, and that is Redis's durability, not the relay's.
+                with engine.connect() as conn:
+                    lost_with_sink = {int(i) for (i,) in conn.exec_driver_sql(
+                        "SELECT id FROM outbox_events WHERE status = 'SENT'")}
+                res.notes.append(f"{len(lost_with_sink):,} events SENT before the sink restarted empty are "
+                                 "not expected in it")
+        else:
+            res.injected_note = f"not injected: the relay ended first ({seen} SENT)"
+        faulted = proc.finish(timeout=300)
+        faulted_end = time.monotonic()
+        self.product.record(faulted)  # type: ignore[union-attr]
+        res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
+        if res.injected:
+            if self.redis is not None and not self.redis.running():
+                self.redis.start()
+
+            def all_sent(_: CliResult) -> bool:
+                with engine.connect() as conn:
+                    return not conn.exec_driver_sql(
+                        "SELECT count(*) FROM outbox_events WHERE status <> 'SENT'").scalar()
+
+            self.recover(db, args, res, t_fault, redis=redis, done=all_sent, faulted=faulted, faulted_end=faulted_end)
+            ids = self._redis_stream_ids() if redis else self._jsonl_ids(sink)
+            with engine.connect() as conn:
+                res.report = checker.check_outbox_sent(conn, ids, lost_with_sink)
+        engine.dispose()
+        if sink.exists():
+            sink.rename(self.home / f"outbox-{db}.jsonl")  # kept for the secret scan
+        self.pg.drop_database(db)
+
+    @staticmethod
+    def _jsonl_ids(path: Path) -> Counter[int]:
+        ids: Counter[int] = Counter()
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    ids[int(json.loads(line)["id"])] += 1
+                except (ValueError, KeyError, TypeError):
+                    continue
+        return ids
+
+    def _redis_client(self) -> Any:
+        import redis
+
+        assert self.redis is not None
+        return redis.Redis.from_url(self.redis.url, socket_timeout=5)
+
+    def _redis_del_stream(self) -> None:
+        client = self._redis_client()
+        try:
+            client.delete("batch_assets.outbox")
+        finally:
+            client.close()
+
+    def _redis_stream_ids(self) -> Counter[int]:
+        client = self._redis_client()
+        ids: Counter[int] = Counter()
+        try:
+            last = "-"
+            while True:
+                batch = client.xrange("batch_assets.outbox", min=last, max="+", count=5000)
+                batch = [b for b in batch if b[0] != last] if last != "-" else batch
+                if not batch:
+                    break
+                for _entry_id, fields in batch:
+                    ids[int(fields.get(b"id", b"0"))] += 1
+                    payload = fields.get(b"payload", b"")
+                    self._scan_text(payload.decode("utf-8", "replace"), "outbox stream (Redis)")
+                last = batch[-1][0]
+        finally:
+            client.close()
+        return ids
+
+    # -- secret scan ---------------------------------------------------------------------
+
+    def _scan_outbox(self, db: str) -> None:
+        engine = self.admin(db)
+        try:
+            with engine.connect() as conn:
+                result = conn.execution_options(stream_results=True).exec_driver_sql(
+                    "SELECT payload::text FROM outbox_events")
+                for (text,) in result:
+                    self._scan_text(text, "outbox payloads")
+                    self.secrets["outbox_payloads_scanned"] = self.secrets.get("outbox_payloads_scanned", 0) + 1
+        finally:
+            engine.dispose()
+
+    def _scan_text(self, text: str, where: str) -> None:
+        hits = self.secrets.setdefault("hits", [])
+        if self.key_text and self.key_text in text:
+            hits.append(f"encryption key in {where}")
+        if self.pg.password in text:
+            hits.append(f"database password in {where}")
+        for found in checker._DATE.findall(text):
+            if found in self.dobs and not self._benign_date(found):
+                hits.append(f"a decrypted date of birth ({found[:4]}-**-**) in {where}")
+                break
+
+    def _benign_date(self, text: str) -> bool:
+        """Dates the product prints on purpose: run dates and dates around today (timestamps)."""
+        try:
+            day = date.fromisoformat(text)
+        except ValueError:
+            return True
+        return abs((day - self.run_date).days) <= 2
+
+    def secret_scan(self) -> None:
+        """stdout/stderr of every command, every file of the Dagster instance and the relay's sink files."""
+        assert self.product is not None
+        for result in self.product.outputs:
+            self._scan_text(result.stdout + result.stderr, "CLI output")
+        self.secrets["cli_outputs_scanned"] = len(self.product.outputs)
+        files = 0
+        for path in sorted(self.home.rglob("*")):
+            if not path.is_file() or path.suffix in (".key",):
+                continue
+            files += 1
+            where = "Dagster instance" if "dagster_home" in path.parts else f"{path.name}"
+            self._scan_text(path.read_bytes().decode("utf-8", "replace"), f"{where} ({path.name})")
+        self.secrets["home_files_scanned"] = files
+        for body in self.secrets.get("stub_bodies", []):
+            self._scan_text(body, "limits-service requests")
+        self.secrets["hits"] = sorted(set(self.secrets.get("hits", [])))
+
+
+def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool) -> list[FaultSpec]:
+    """The seeded list of faults: kinds, modes and injection points."""
+    def at() -> float:
+        return round(rng.uniform(0.1, 0.8), 2)
+
+    def workers() -> int:
+        return rng.choice((1, 2, 4))
+
+    if quick:
+        # Eight faults, one of each family, within the CI budget (~4 min on 2 cores).
+        return [
+            FaultSpec("sweep", "terminate", "full", at(), workers()),
+            FaultSpec("sweep", "restart_fast", "delta", at(), workers()),
+            FaultSpec("sweep", "kill9", "config-change", at(), workers()),
+            FaultSpec("sweep", "write_errors", "delta", 0.0, workers()),
+            FaultSpec("queue", "limits_flaky", None, at()),
+            FaultSpec("expiry", "kill9", None, at()),
+            FaultSpec("relay", "restart_immediate", None, at()),
+            FaultSpec("sweep", "redis_between_ranges", "full", 0.0, 2) if redis
+            else FaultSpec("sweep", "sigterm", "full", at(), workers()),
+        ]
+    specs = []
+    for mode in ("full", "delta", "config-change"):
+        for fault in PG_FAULTS:
+            for _ in range(2):
+                specs.append(FaultSpec("sweep", fault, mode, at(), workers()))
+        specs.append(FaultSpec("sweep", "write_errors", mode, 0.0, workers()))
+    if redis:
+        specs += [
+            FaultSpec("sweep", "redis_down", "full", 0.0, workers()),
+            FaultSpec("sweep", "redis_restart_empty", "full", at(), workers()),
+            FaultSpec("sweep", "redis_restart_empty", "delta", at(), workers()),
+            FaultSpec("sweep", "redis_between_ranges", "full", 0.0, 2),
+            FaultSpec("sweep", "redis_between_ranges", "config-change", 0.0, 2),
+        ]
+    for fault in ("kill9", "sigterm", "terminate", "restart_fast", "limits_down", "limits_hang", "limits_flaky",
+                  "limits_503"):
+        specs.append(FaultSpec("queue", fault, None, at()))
+    for fault in ("kill9", "sigterm", "terminate", "restart_fast", "restart_immediate"):
+        specs.append(FaultSpec("expiry", fault, None, at()))
+    for fault in ("kill9", "sigterm", "terminate", "restart_immediate"):
+        specs.append(FaultSpec("relay", fault, None, at()))
+    if redis:
+        specs.append(FaultSpec("relay", "redis_restart_empty", None, at()))
+    return specs
+
+
+def make_root() -> Path:
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="ba-faults-"))
+    root.chmod(0o755)
+    return root
+
+
+def remove_root(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
