@@ -51,6 +51,11 @@ class RunGuard:
         self.lease = lease
         self.heartbeat = heartbeat
         self.lock_held = lock_held
+        self.failed = False
+
+    def mark_failed(self) -> None:
+        """The run failed: on release the lock is not kept for its lock-at-least-for time, so a retry can run."""
+        self.failed = True
 
     def fence(self, conn: sa.Connection, timeouts: Mapping[str, str] | None = None) -> None:
         """Inside a write transaction: raise LeaseLost unless this run still owns its lease (and lock).
@@ -135,6 +140,8 @@ def job_guard(
     lock_held = False
     lease: Lease | None = None
     heartbeat: Heartbeat | None = None
+    guard: RunGuard | None = None
+    failed = False
     try:
         try:
             lock_held = job_lock.acquire(job_key, owner, settings.lock_ttl_s, settings.lock_min_s)
@@ -157,11 +164,16 @@ def job_guard(
             beats.append(lock_beat(job_lock, job_key, owner, settings))
         heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}",
                               grace_s=heartbeat_grace(settings, lock_held)).start()
-        yield RunGuard(job_key, owner, lease, heartbeat, lock_held)
+        guard = RunGuard(job_key, owner, lease, heartbeat, lock_held)
+        yield guard
+    except BaseException:
+        failed = True
+        raise
     finally:
         if heartbeat is not None:
             heartbeat.stop()
-        release_lease_and_lock(job_key, owner, lease, job_lock if lock_held else None)
+        release_lease_and_lock(job_key, owner, lease, job_lock if lock_held else None,
+                               failed=failed or (guard is not None and guard.failed))
         if own_lock:
             close = getattr(job_lock, "close", None)
             if close is not None:
@@ -176,8 +188,12 @@ def holder_text(lock: JobLock, job_key: str) -> str:
         return "another run"
 
 
-def release_lease_and_lock(job_key: str, owner: str, lease: Lease | None, lock: JobLock | None) -> None:
-    """Owner-filtered release of a run's lease and lock; logs instead of raising."""
+def release_lease_and_lock(
+    job_key: str, owner: str, lease: Lease | None, lock: JobLock | None, *, failed: bool = False
+) -> None:
+    """Owner-filtered release of a run's lease and lock; logs instead of raising.
+
+    A run that `failed` gives its lock back at once, not at the end of its lock-at-least-for time."""
     # Best effort on purpose: both expire on their own, and a failure here must not
     # replace the exception (or the result) of the run itself.
     if lease is not None:
@@ -188,7 +204,7 @@ def release_lease_and_lock(job_key: str, owner: str, lease: Lease | None, lock: 
             log.warning("lease %r not released, it will expire: %s", job_key, exc)
     if lock is not None:
         try:
-            if not lock.release(job_key, owner):
+            if not lock.release(job_key, owner, failed=failed):
                 log.warning("job lock %r was no longer held by %s at release", job_key, owner)
         except Exception as exc:
             log.warning("job lock %r not released, it will expire: %s", job_key, exc)

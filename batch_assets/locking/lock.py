@@ -43,8 +43,8 @@ class JobLock(Protocol):
         """Push the expiry to now + ttl_s, only if `owner` still holds the lock."""
         ...
 
-    def release(self, name: str, owner: str) -> bool:
-        """Delete the lock if `owner` holds it (kept until the lock-at-least-for time)."""
+    def release(self, name: str, owner: str, *, failed: bool = False) -> bool:
+        """Delete the lock if `owner` holds it (kept until the lock-at-least-for time, unless the run `failed`)."""
         ...
 
     def holder(self, name: str) -> str | None:
@@ -84,32 +84,35 @@ EXTEND_SQL = sa.text(
     """
 ).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
 
-# :name, :owner. Compare-and-delete; before min_until the row stays, expiring at min_until.
+# :name, :owner, :failed. Compare-and-delete; before min_until the row stays, expiring at min_until,
+# unless the run failed: lock-at-least-for keeps a finished run's schedule tick from running twice, and a
+# run that failed must not keep its retry out.
 # The two branches have disjoint conditions on the same snapshot, so at most one applies.
 RELEASE_SQL = sa.text(
     """
     WITH kept AS (
         UPDATE ba_job_locks SET lock_until = min_until
-         WHERE name = :name AND owner = :owner AND lock_until > now() AND min_until > now()
+         WHERE name = :name AND owner = :owner AND lock_until > now() AND min_until > now() AND NOT :failed
         RETURNING 1
     ), deleted AS (
         DELETE FROM ba_job_locks
-         WHERE name = :name AND owner = :owner AND (lock_until <= now() OR min_until <= now())
+         WHERE name = :name AND owner = :owner AND (lock_until <= now() OR min_until <= now() OR :failed)
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM kept) + (SELECT count(*) FROM deleted)
     """
 )
 
-# :name, :dead, :owner, :ttl_s, :min_s. Takeover from a holder that is provably dead (locking.owner),
-# never before its lock-at-least-for time.
+# :name, :dead, :owner, :ttl_s, :min_s. Takeover from a holder that is provably dead (locking.owner). Its
+# lock-at-least-for time does not count: that keeps a *finished* run's tick from running twice, and a
+# crashed run did not finish.
 TAKE_OVER_DEAD_SQL = sa.text(
     """
     UPDATE ba_job_locks
        SET owner = :owner, locked_at = now(),
            lock_until = now() + make_interval(secs => greatest(:ttl_s, :min_s)),
            min_until = now() + make_interval(secs => :min_s)
-     WHERE name = :name AND owner = :dead AND min_until <= now()
+     WHERE name = :name AND owner = :dead
     RETURNING owner
     """
 ).bindparams(sa.bindparam("ttl_s", type_=sa.Float), sa.bindparam("min_s", type_=sa.Float))
@@ -154,10 +157,11 @@ class PostgresJobLock:
             row = conn.execute(EXTEND_SQL, {"name": name, "owner": owner, "ttl_s": float(ttl_s)}).first()
         return row is not None
 
-    def release(self, name: str, owner: str) -> bool:
-        """Delete the lock if `owner` holds it; before its lock-at-least-for time, keep it until then."""
+    def release(self, name: str, owner: str, *, failed: bool = False) -> bool:
+        """Delete the lock if `owner` holds it; before its lock-at-least-for time keep it until then,
+        unless the run `failed`."""
         with self._translate(), self.engine.begin() as conn:
-            count = conn.execute(RELEASE_SQL, {"name": name, "owner": owner}).scalar_one()
+            count = conn.execute(RELEASE_SQL, {"name": name, "owner": owner, "failed": failed}).scalar_one()
         return count > 0
 
     def holder(self, name: str) -> str | None:
@@ -186,12 +190,14 @@ return 0
 """
 
 # KEYS[1] lock, KEYS[2] marker; ARGV dead owner, owner, ttl_ms, min_ms. Takeover from a provably dead
-# holder (locking.owner): compare-and-set, never while its lock-at-least-for marker lives.
+# holder (locking.owner): compare-and-set; the dead holder's lock-at-least-for marker does not count.
 _TAKE_OVER_DEAD_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('EXISTS', KEYS[2]) == 0 then
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', math.max(tonumber(ARGV[3]), tonumber(ARGV[4])))
   if tonumber(ARGV[4]) > 0 then
     redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
+  else
+    redis.call('DEL', KEYS[2])
   end
   return 1
 end
@@ -210,11 +216,11 @@ end
 return 0
 """
 
-# KEYS[1] lock, KEYS[2] marker; ARGV owner. Compare-and-delete, or PEXPIRE to the
-# remaining lock-at-least-for time while the marker is alive.
+# KEYS[1] lock, KEYS[2] marker; ARGV owner, failed (1/0). Compare-and-delete, or PEXPIRE to the
+# remaining lock-at-least-for time while the marker is alive (not for a run that failed).
 _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('GET', KEYS[2]) == ARGV[1] then
+  if ARGV[2] ~= '1' and redis.call('GET', KEYS[2]) == ARGV[1] then
     local left = redis.call('PTTL', KEYS[2])
     if left > 0 then
       redis.call('PEXPIRE', KEYS[1], left)
@@ -284,10 +290,11 @@ class RedisJobLock:
         with self._translate():
             return bool(self._extend(keys=self._keys(name), args=[owner, _ms(ttl_s)]))
 
-    def release(self, name: str, owner: str) -> bool:
-        """DEL the key only if it holds `owner`; before the lock-at-least-for time, PEXPIRE to it instead."""
+    def release(self, name: str, owner: str, *, failed: bool = False) -> bool:
+        """DEL the key only if it holds `owner`; before the lock-at-least-for time, PEXPIRE to it instead
+        (unless the run `failed`)."""
         with self._translate():
-            return bool(self._release(keys=self._keys(name), args=[owner]))
+            return bool(self._release(keys=self._keys(name), args=[owner, "1" if failed else "0"]))
 
     def holder(self, name: str) -> str | None:
         """The owner of a live lock, or None."""

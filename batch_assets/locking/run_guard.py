@@ -70,7 +70,7 @@ def release_failed_run(engine: sa.Engine, lock: JobLock, *, job_key: str, root_r
         log.warning("job lock %r not released, it will expire: %s", job_key, exc)
         return released
     if lock_holder is not None and owned_by_run(lock_holder, root_run_id):
-        lock.release(job_key, lock_holder)
+        lock.release(job_key, lock_holder, failed=True)
         released = True
     return released
 

@@ -82,17 +82,26 @@ def today_in(timezone: str) -> date:
     return datetime.now(zone(timezone)).date()
 
 
-def _non_negative_int(name: str, value: Any, *, maximum: int | None = None) -> int:
+MAX_COUNT = 10_000_000
+"""Upper bound of any count knob that has no tighter one of its own."""
+MAX_SECONDS = 7 * 86_400
+"""Upper bound of any duration knob (seconds) that has no tighter one: a week."""
+MAX_RETRIES = 1000
+
+
+def _non_negative_int(name: str, value: Any, *, maximum: int = MAX_COUNT) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"must be a whole number >= 0 (0 = default), got {value!r}", field=name)
-    if maximum is not None and value > maximum:
+    if value > maximum:
         raise ConfigError(f"must be at most {maximum}, got {value}", field=name)
     return value
 
 
-def _non_negative_number(name: str, value: Any) -> float:
+def _non_negative_number(name: str, value: Any, *, maximum: float = MAX_SECONDS) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"must be a number >= 0 (0 = default), got {value!r}", field=name)
+    if value > maximum:
+        raise ConfigError(f"must be at most {maximum:g}, got {value:g}", field=name)
     return float(value)
 
 
@@ -288,7 +297,7 @@ class ExpiryConfig(dg.Config):
         run_date = parse_run_date(self.run_date)
         check_run_date_window(run_date, allow_distant=self.allow_distant_run_date)
         _non_negative_int("batch_size", self.batch_size)
-        _non_negative_int("max_retries", self.max_retries)
+        _non_negative_int("max_retries", self.max_retries, maximum=MAX_RETRIES)
         engine = ExpirySettings.build(batch_size=self.batch_size or None, max_retries=self.max_retries or None)
         return ExpiryPlanSettings(run_date=run_date, retry_failed=bool(self.retry_failed), engine=engine)
 

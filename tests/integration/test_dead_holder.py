@@ -58,11 +58,24 @@ def test_postgres_lock_is_taken_over_from_a_dead_holder_only(engine: sa.Engine, 
     assert not lock.acquire("job", make_owner("third"), 120), "a live holder was taken over"
 
 
-def test_postgres_lock_keeps_a_dead_holders_lock_at_least_for(engine: sa.Engine, dead_owner: str) -> None:
-    """The lock-at-least-for time of a dead holder is still honoured."""
+def test_postgres_lock_of_a_dead_holder_is_taken_over_within_its_lock_at_least_for(
+    engine: sa.Engine, dead_owner: str
+) -> None:
+    """Lock-at-least-for keeps a finished run's tick from running twice; a crashed run did not finish."""
     lock = PostgresJobLock(engine)
     assert lock.acquire("job", dead_owner, 60, min_s=3600)
-    assert not lock.acquire("job", make_owner("next"), 120)
+    assert lock.acquire("job", make_owner("next"), 120, min_s=0)
+    assert lock.release("job", make_owner("next")) and lock.holder("job") is None
+
+
+def test_a_failed_run_releases_its_lock_at_once_a_finished_one_keeps_it_at_least_for(engine: sa.Engine) -> None:
+    """release(failed=True) ignores lock-at-least-for; a plain release keeps the lock until min_until."""
+    lock = PostgresJobLock(engine)
+    assert lock.acquire("finished", make_owner("a"), 60, min_s=3600) and lock.release("finished", make_owner("a"))
+    assert lock.holder("finished") == make_owner("a")
+    assert lock.acquire("failed", make_owner("a"), 60, min_s=3600)
+    assert lock.release("failed", make_owner("a"), failed=True)
+    assert lock.holder("failed") is None
 
 
 def test_lease_is_taken_over_from_a_dead_holder_only(engine: sa.Engine, dead_owner: str) -> None:
@@ -73,7 +86,7 @@ def test_lease_is_taken_over_from_a_dead_holder_only(engine: sa.Engine, dead_own
 
 
 def test_redis_lock_is_taken_over_from_a_dead_holder_only(require_redis: None, dead_owner: str) -> None:
-    """The Redis lock: compare-and-set from a dead holder; a live one and a lock-at-least-for one stay."""
+    """The Redis lock: compare-and-set from a dead holder (at-least-for or not); a live one stays; failed releases."""
     url = os.environ.get("BATCH_ASSETS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
     lock = RedisJobLock(url, key_prefix=f"test:{os.getpid()}:{id(dead_owner)}:")
     try:
@@ -82,7 +95,9 @@ def test_redis_lock_is_taken_over_from_a_dead_holder_only(require_redis: None, d
         assert not lock.acquire("job", make_owner("third"), 120)
         assert lock.release("job", make_owner("next"))
         assert lock.acquire("held", dead_owner, 60, min_s=3600) and lock.release("held", dead_owner)
-        assert not lock.acquire("held", make_owner("next"), 120)
+        assert lock.acquire("held", make_owner("next"), 120), "a dead holder's at-least-for does not count"
+        assert lock.acquire("failed", make_owner("a"), 60, min_s=3600)
+        assert lock.release("failed", make_owner("a"), failed=True) and lock.holder("failed") is None
     finally:
-        lock.client.delete(*lock._keys("job"), *lock._keys("held"))
+        lock.client.delete(*lock._keys("job"), *lock._keys("held"), *lock._keys("failed"))
         lock.close()

@@ -275,6 +275,8 @@ def test_stop_event_ends_the_run_between_rows(engine: sa.Engine) -> None:
         engine, run_date=RUN_DATE, settings=_settings(batch_size=5), stop=stop, progress=lambda r: stop.set()
     )
     assert (result.expired, result.stopped_by) == (5, "stop")
+    # Due subscriptions are left ACTIVE: a stopped run did not do its work, so it is not SUCCESS.
+    assert result.status == "FAILURE" and "next run continues" in (result.error or "")
 
 
 def test_job_raises_lock_not_acquired_when_the_lock_is_held(engine: sa.Engine) -> None:

@@ -316,9 +316,14 @@ def run_expiry(
                 reason = "stop"
                 break
             backoff = min(backoff * 2, 60.0)
-    if reason in ("lock_lost", "lease_lost", "batch_failures"):
+    stopped = reason == "stop" or (reason != "done" and stop is not None and stop.is_set())
+    if reason in ("lock_lost", "lease_lost", "batch_failures") or stopped:
+        # A stop (SIGTERM, run termination) before the last batch leaves due subscriptions ACTIVE: the run
+        # did not do its work, so it is not SUCCESS; the next run picks them up (they are still due).
         result.status = "FAILURE"
-    result.stopped_by = "stop" if stop is not None and stop.is_set() else reason
+        if stopped and not result.error:
+            result.error = "stopped before every due subscription was expired; the next run continues"
+    result.stopped_by = "stop" if stopped else reason
     result.duration_s = time.monotonic() - started
     log.info(
         "subscription expiry %s run_date=%s: scanned=%d expired=%d failed=%d",
@@ -432,7 +437,7 @@ def run_expiry_job(
         def keep_alive() -> bool:
             return guard.alive() and bool(lock.extend(JOB_LOCK_NAME, guard.owner, settings.lock_ttl_s))
 
-        return run_expiry(
+        result = run_expiry(
             engine,
             run_date=run_date,
             settings=settings,
@@ -442,6 +447,9 @@ def run_expiry_job(
             keep_alive=keep_alive,
             fence=guard.fence,
         )
+        if result.status != "SUCCESS":
+            guard.mark_failed()  # a retry must not wait for lock-at-least-for
+        return result
 
 
 class _Writer:
