@@ -146,6 +146,10 @@ class SweepDefinition(WritePlan):
     ranged_modes: tuple[str, ...] = ("full",)
     """Modes that may be restricted to a CursorRange other than the whole key space."""
     uses_pre_check: bool = False
+    failed_writes_stay_due: bool = False
+    """True when a row whose write failed is still selected by the next run of this mode (e.g. a delta:
+    the row keeps its due date). When False (a full sweep reads every row once), a page with such a row
+    never moves the low watermark and the run ends FAILURE, resumable, so the row is not left behind."""
 
     def __init__(self, mode: str) -> None:
         if mode not in self.modes:

@@ -131,6 +131,7 @@ class _Run:
         self._last_save = float("-inf")
         self._saved = True
         self._reader: sa.Connection | None = None
+        self.unwritten = 0
         self.limit = settings.page_size
         self.page_timeouts = {
             "statement_timeout": _ms(settings.page_timeout_s),
@@ -198,6 +199,9 @@ class _Run:
             prefetch.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=reason is None, cancel_futures=True)
             self._close_reader()
+        if reason is None and self.unwritten:
+            reason = (f"{self.unwritten} row write(s) failed; the checkpoint stays before the first of them, "
+                      "so the next run of this mode retries them")
         store = self.checkpoints
         if reason is None and store is not None:
             try:
@@ -283,6 +287,12 @@ class _Run:
         window.popleft()
         self.counters.merge(page)
         reason = None
+        unwritten = page.failed_by_type.get(WRITE_ERROR, 0)
+        if unwritten and not self.definition.failed_writes_stay_due:
+            # Rows whose write failed and that no later run of this mode would select again: the low
+            # watermark stays before this page and the run will end FAILURE (resumable from here).
+            advance = False
+            self.unwritten += unwritten
         if page.scanned and page.systemic > self.settings.breaker_ratio * page.scanned:
             # A systemically failed page never moves the low watermark (nor, FIFO, any page after it), so a
             # resume redoes it; the breaker itself only counts once the run has seen breaker_min_rows rows.

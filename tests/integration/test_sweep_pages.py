@@ -128,8 +128,14 @@ def test_page_transaction_carries_its_timeouts(engine: sa.Engine, cipher: DobCip
         assert conn.exec_driver_sql("SHOW statement_timeout").scalar_one() == "0"
 
 
-def test_poisoned_row_is_isolated_while_the_rest_commits(engine: sa.Engine, cipher: DobCipher) -> None:
-    """A row whose write violates a constraint fails alone (write_error), stays due, and the page's others commit."""
+@pytest.mark.parametrize(("mode", "status"), [("full", "FAILURE"), ("delta", "SUCCESS")])
+def test_poisoned_row_is_isolated_while_the_rest_commits(
+    engine: sa.Engine, cipher: DobCipher, mode: str, status: str
+) -> None:
+    """A row whose write violates a constraint fails alone (write_error), stays due, and the page's others commit.
+
+    A delta retries it tomorrow (it stays due), so the run succeeds; a full sweep would never read it again
+    before the next full one, so the run ends FAILURE with its low watermark before the row."""
     rows = [customer(cipher, f"198{i}-04-05") for i in range(6)]
     poison = rows[3][0]
     copy_customers(engine, rows)
@@ -144,11 +150,13 @@ def test_poisoned_row_is_isolated_while_the_rest_commits(engine: sa.Engine, ciph
             seen.append(conn.exec_driver_sql("SHOW statement_timeout").scalar_one())
             return super().write_row(conn, outcome)
 
-    probe = Probe("full", cipher=cipher, run_date=RUN_DATE, rules=DEFAULT_RULES)
+    probe = Probe(mode, cipher=cipher, run_date=RUN_DATE, rules=DEFAULT_RULES)
     settings = SweepSettings.build(workers=1, window=1, row_timeout_s=2, page_timeout_s=9)
-    result = _run(engine, cipher, settings=settings, definition=probe)
+    result = _run(engine, cipher, mode, settings=settings, definition=probe)
     assert (result.changed, result.failed, result.failed_by_type["write_error"]) == (5, 1, 1)
-    assert result.audit_events == 5 and result.status == "SUCCESS"
+    assert result.audit_events == 5 and result.status == status
+    if status == "FAILURE":
+        assert "row write(s) failed" in (result.stopped_reason or "") and result.last_cursor is None
     assert seen == ["2s"] * 6  # every row of the fallback in its own transaction with the row timeout
     assert fetch_customer(engine, poison) == (None, None)  # still due
     assert {e[0] for e in _events(engine)} == {r[0] for r in rows} - {poison}

@@ -53,6 +53,9 @@ class CustomerStatusSweep(SweepDefinition):
         self.previous_rules = previous_rules
         # config-change skips the decrypt of rows the rule change cannot affect.
         self.uses_pre_check = mode == "config-change" and previous_rules is not None
+        # A delta row whose write failed keeps its stored (due) date, so tomorrow's delta retries it; a
+        # full or config-change row may hold a date that is not due, so the run must not pass it.
+        self.failed_writes_stay_due = mode == "delta"
         self._decrypt = cipher.decrypt_text
         self._memo: dict[str, tuple[str, date | None, date | None]] = {}
         self._unchanged_decrypted = RowOutcome(None, None, 1)
