@@ -92,6 +92,20 @@ UPDATE outbox_events SET claimed_by = NULL, claimed_until = NULL
 """
 )
 
+# LIVE_CLAIMANTS — the owners of live claims on PENDING events.
+LIVE_CLAIMANTS = sa.text(
+    "SELECT DISTINCT claimed_by FROM outbox_events WHERE status = 'PENDING' AND claimed_until > now()"
+)
+
+# FREE_DEAD_CLAIMS — give back the claims of a relay whose process is provably gone (locking.owner).
+#   :dead  text  the dead relay's owner string
+FREE_DEAD_CLAIMS = sa.text(
+    """
+UPDATE outbox_events SET claimed_by = NULL, claimed_until = NULL
+ WHERE status = 'PENDING' AND claimed_by = :dead
+"""
+)
+
 # BACKLOG — pending count and the age in seconds of the oldest pending event (0 when none).
 BACKLOG = sa.text(
     """
@@ -271,6 +285,22 @@ def relay_batch(engine: sa.Engine, *, sink: Sink, owner: str, settings: RelaySet
     return len(events), marked
 
 
+def free_dead_claims(engine: sa.Engine) -> int:
+    """Release the claims of relays whose process is provably dead, so their batch is sent now, not after
+    its claim lease (the same rule as the job lock's takeover: this host and pid namespace, process gone)."""
+    from batch_assets.locking.owner import provably_dead
+
+    with engine.connect() as conn:
+        claimants = [owner for owner in conn.execute(LIVE_CLAIMANTS).scalars() if provably_dead(owner)]
+    freed = 0
+    for dead in claimants:
+        with engine.begin() as conn:
+            freed += conn.execute(FREE_DEAD_CLAIMS, {"dead": dead}).rowcount
+        log.warning("outbox relay: %d event(s) claimed by %s, whose process is gone, are claimable again",
+                    freed, dead)
+    return freed
+
+
 def relay_outbox(
     engine: sa.Engine,
     *,
@@ -284,6 +314,7 @@ def relay_outbox(
     settings = (settings or RelaySettings(batch_size=batch_size)).check()
     started = time.monotonic()
     sent = batches = 0
+    free_dead_claims(engine)
     while stop is None or not stop.is_set():
         try:
             claimed, marked = relay_batch(engine, sink=sink, owner=owner, settings=settings)

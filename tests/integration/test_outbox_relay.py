@@ -91,6 +91,37 @@ def test_a_claimed_batch_is_skipped_by_a_second_relay(engine: sa.Engine, tmp_pat
     assert _statuses(engine) == {"SENT": 4, "PENDING": 2}
 
 
+def test_claims_of_a_dead_relay_are_sent_at_once(engine: sa.Engine, tmp_path: Path) -> None:
+    """Events claimed by a relay whose process is gone (kill -9) are sent by the next relay, not after the lease."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from batch_assets.locking.owner import make_owner, parse_owner
+
+    _add_events(engine, 5)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        start = round(psutil.Process(proc.pid).create_time() * 100)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    me = parse_owner(make_owner("x"))
+    assert me is not None
+    dead = f"relay-run@{me.host}:{proc.pid}:s{start}:n{me.pid_namespace}"
+    alive = make_owner("live-relay")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE outbox_events SET claimed_by = CASE WHEN mod(id, 2) = 0 THEN %(dead)s ELSE %(alive)s END, "
+            "claimed_until = now() + interval '1 hour'", {"dead": dead, "alive": alive})
+        live = conn.exec_driver_sql("SELECT count(*) FROM outbox_events WHERE claimed_by = %(a)s",
+                                    {"a": alive}).scalar_one()
+    result = relay_outbox(engine, sink=JsonLinesSink(tmp_path / "o.jsonl"), batch_size=100)
+    assert result.sent == 5 - live, "the dead relay's claims must be sent now; a live relay's stay its own"
+    assert _statuses(engine) == {"SENT": 5 - live, "PENDING": live}
+
+
 @pytest.mark.usefixtures("require_redis")
 def test_redis_stream_sink_adds_one_entry_per_event(engine: sa.Engine) -> None:
     """The Redis sink XADDs each event (with its id) to the stream."""
