@@ -148,3 +148,32 @@ def test_worker_fails_with_its_run_id_when_the_outage_outlasts_its_bound(
     assert match and int(match.group(1)) >= 1, result.describe()
     warnings = [line for line in result.stderr.splitlines() if "database connection lost" in line]
     assert len(warnings) == 1 and "up to 3s" in warnings[0], result.stderr[-3000:]
+
+
+LISTENER_PIDS = (
+    "SELECT pid FROM pg_stat_activity WHERE application_name = 'batch_assets_listener' AND query LIKE 'LISTEN%'"
+)
+
+
+def test_idle_worker_listens_again_after_its_backends_are_terminated(cli_env, engine, admin_engine, limits, tmp_path):
+    """An idle resident worker whose backends are terminated LISTENs again, settles new payments, warns once."""
+    ok(cli_env, "queue", "enqueue", "--count", "20")
+    env = dict(cli_env, BATCH_ASSETS_LIMITS_URL=limits.url)
+    with CliProcess(env, ["queue", "work", "--concurrency", "4"], tmp_path) as proc:
+        wait_for(lambda: done(engine) == 20, timeout=120, what="the first payments DONE", alive=proc)
+        [old] = wait_for(lambda: [r.pid for r in rows(engine, LISTENER_PIDS)], timeout=60, what="the LISTEN",
+                         alive=proc)
+        assert terminate_backends(admin_engine, engine) >= 2
+        wait_for(lambda: [r.pid for r in rows(engine, LISTENER_PIDS) if r.pid != old], timeout=60,
+                 what="a new LISTEN connection", alive=proc)
+        ok(cli_env, "queue", "enqueue", "--count", "20")
+        wait_for(lambda: done(engine) == 40, timeout=120, what="the payments enqueued after the fault", alive=proc)
+        proc.signal(signal.SIGTERM)
+        result = proc.wait(timeout=120)
+    assert result.returncode == EXIT_OK, result.describe()
+    s = result.summary
+    assert s is not None and s["status"] == "SUCCESS" and s["run_id"], result.describe()
+    assert s["reconnects"] >= 2 and s["changed"] == 40, s  # both connections came back; all work is this run's
+    assert dict(rows(engine, "SELECT status, count(*) FROM payments GROUP BY status")) == {"DONE": 40}
+    warnings = [line for line in result.stderr.splitlines() if "database connection lost" in line]
+    assert len(warnings) == 1, result.stderr[-3000:]

@@ -302,7 +302,7 @@ class _Worker:
         self.pool: ThreadPoolExecutor | None = None
         self.conninfo = _conninfo(engine)
         self.unseen_claims: list[Any] = []  # tokens of claims sent on a connection that died before answering
-        self.down: set[str] = set()  # connections lost and not yet back: "claims", "listener"
+        self.down: set[str] = set()  # connections lost and not yet back: "claims", "listener", "unverified"
         self.down_since = 0.0
         self.stop_seen_at: float | None = None
 
@@ -563,6 +563,9 @@ class _Worker:
                 self.unseen_claims.append(token)
             raise
         self.result.round_trips += 1
+        if "unverified" in self.down:
+            self.down.discard("unverified")  # the claim/flush connection survived the outage
+            self._outage_over()
         if record:
             self.recorded_changes = state_changes
         if sent:
@@ -757,11 +760,20 @@ class _Worker:
             # command"); the conninfo, and so the password, is never part of it.
             log.warning("payment worker: database connection lost (%s); reconnecting for up to %gs",
                         error_text(exc), self.settings.db_outage_s)
+            if which == "listener":
+                # An idle claim/flush connection learns of the outage only at its next statement,
+                # maybe after the listener is back: the outage lasts until that statement worked.
+                self.down.add("unverified")
         self.down.add(which)
 
     def _back(self, which: str) -> None:
         self.result.reconnects += 1
         self.down.discard(which)
+        if which == "claims":
+            self.down.discard("unverified")
+        self._outage_over()
+
+    def _outage_over(self) -> None:
         if not self.down:
             log.info("payment worker: database connections back after %.1fs", self.loop.time() - self.down_since)
 
