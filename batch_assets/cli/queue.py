@@ -41,7 +41,7 @@ def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.orchestration.config import QueueDrainConfig
 
     config = build_config(QueueDrainConfig, concurrency=args.concurrency, max_seconds=args.max_seconds,
-                           drain=bool(args.drain))
+                          drain=bool(args.drain), db_outage_s=args.db_outage_s)
     spec = plugin_spec_from_environment()
     if spec:
         load_plugin(spec)  # an unimportable handler is exit 2 before anything is claimed
@@ -122,6 +122,8 @@ def register(sub: Any) -> None:
     wk.add_argument("--concurrency", type=positive("concurrency"), default=None)
     wk.add_argument("--max-seconds", type=float, default=None)
     wk.add_argument("--drain", action="store_true", help="exit once nothing is due")
+    wk.add_argument("--db-outage-s", type=positive("db-outage-s"), default=None,
+                    help="seconds a lost database connection is retried before the worker fails (default 60, max 600)")
     wk.set_defaults(func=cmd_queue_work)
     queue.add_parser("stats", help="counts by status, oldest_due_s, dlq_size, breaker (JSON)").set_defaults(
         func=cmd_queue_stats

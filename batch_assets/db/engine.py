@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
@@ -139,17 +140,30 @@ def is_transient(exc: BaseException) -> bool:
     `InvalidRequestError` / `ResourceClosedError` on a connection whose transaction died with it),
     `statement_timeout`, `lock_timeout`, deadlocks and `DatabaseUnavailable`. Not transient: a
     constraint violation, bad data, a trigger that raised for the row.
+
+    psycopg's own errors (code on a bare psycopg connection, such as the payment worker) are
+    classified the same way: the classes SQLAlchemy would wrap as `OperationalError` /
+    `InterfaceError` (connection lost, "the connection is closed", an aborted pipeline, a refused
+    connection), plus the same SQLSTATEs.
     """
     if isinstance(exc, DatabaseUnavailable):
         return True
+    if isinstance(exc, psycopg.Error):
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return True
+        return _transient_sqlstate(exc.sqlstate)
     if isinstance(exc, sa.exc.DBAPIError):
         if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
             return True
-        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
-        return sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES or sqlstate in TRANSIENT_SQLSTATES
+        return _transient_sqlstate(getattr(exc.orig, "sqlstate", None))
     # Not a driver error but the connection's state after one (e.g. "Can't reconnect until invalid
     # transaction is rolled back", "This Connection is closed").
     return isinstance(exc, sa.exc.PendingRollbackError | sa.exc.InvalidRequestError | sa.exc.ResourceClosedError)
+
+
+def _transient_sqlstate(sqlstate: str | None) -> bool:
+    sqlstate = sqlstate or ""
+    return sqlstate[:2] in TRANSIENT_SQLSTATE_CLASSES or sqlstate in TRANSIENT_SQLSTATES
 
 
 # How many more connections a non-superuser client can open now.

@@ -331,16 +331,20 @@ class QueueDrainConfig(dg.Config):
         description="Exit once nothing is due. False = the resident worker: it waits for notifications "
         "and runs until stopped (SIGTERM, run termination) or max_seconds.",
     )
+    db_outage_s: float = Field(
+        default=0, description="Seconds a lost database connection is retried (backoff) before the worker fails, "
+        "at most 600. 0 = 60.",
+    )
 
     @field_validator("concurrency", "batch_size")
     @classmethod
     def _counts(cls, value: int, info: Any) -> int:
         return _pydantic_check(_non_negative_int, info.field_name, value)
 
-    @field_validator("max_seconds")
+    @field_validator("max_seconds", "db_outage_s")
     @classmethod
-    def _seconds(cls, value: float) -> float:
-        return _pydantic_check(_non_negative_number, "max_seconds", value)
+    def _seconds(cls, value: float, info: Any) -> float:
+        return _pydantic_check(_non_negative_number, info.field_name, value)
 
     def to_engine_settings(self) -> QueueDrainPlanSettings:
         from batch_assets.domains.payments.queue import QueueSettings
@@ -348,7 +352,9 @@ class QueueDrainConfig(dg.Config):
         _non_negative_int("concurrency", self.concurrency)
         _non_negative_int("batch_size", self.batch_size)
         max_seconds = _non_negative_number("max_seconds", self.max_seconds)
-        engine = QueueSettings.build(concurrency=self.concurrency or None, batch_size=self.batch_size or None)
+        db_outage_s = _non_negative_number("db_outage_s", self.db_outage_s)
+        engine = QueueSettings.build(concurrency=self.concurrency or None, batch_size=self.batch_size or None,
+                                     db_outage_s=db_outage_s or None)
         return QueueDrainPlanSettings(max_seconds=max_seconds or None, drain=bool(self.drain), engine=engine)
 
     def validate_config(self) -> None:

@@ -150,6 +150,16 @@ def test_unimportable_plugin_exits_2_before_claiming(cli_env, engine):
     assert rows(engine, "SELECT status, attempts, count(*) FROM payments GROUP BY 1, 2") == [("NEW", 0, 5)]
 
 
+def test_db_outage_bound_is_validated_before_claiming(cli_env, engine):
+    """--db-outage-s above 600, negative or not a whole number: exit 2, one line naming it, nothing claimed."""
+    ok(cli_env, "queue", "enqueue", "--count", "3")
+    for value in ("601", "-1", "1.5", "６０"):
+        result = run_cli(cli_env, "queue", "work", "--drain", "--db-outage-s", value)
+        assert result.returncode == EXIT_USAGE, result.describe()
+        assert "db-outage-s" in result.stderr or "db_outage_s" in result.stderr, result.describe()
+    assert rows(engine, "SELECT status, attempts, count(*) FROM payments GROUP BY 1, 2") == [("NEW", 0, 3)]
+
+
 def test_enqueue_priority_and_its_bounds(cli_env, engine):
     """`queue enqueue --priority P` writes P; a value outside smallint is exit 2 with nothing inserted."""
     ok(cli_env, "queue", "enqueue", "--count", "2", "--priority", "7")

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from batch_assets.db.engine import is_transient
 from batch_assets.domains.payments import queue, sql
 from batch_assets.domains.payments.handler import PluginHandler, load_plugin
 from batch_assets.domains.payments.queue import QueueSettings
@@ -422,6 +423,35 @@ def test_unimportable_or_uncallable_plugin_is_a_config_error(tmp_path: Path, mon
         with pytest.raises(ConfigError) as info:
             load_plugin(spec)
         assert info.value.field == "BATCH_ASSETS_PAYMENT_HANDLER", spec
+
+
+def test_db_outage_s_has_an_upper_bound() -> None:
+    """db_outage_s: 0/None is the default 60 s; above 600 s is a ConfigError naming the field."""
+    assert QueueSettings.build(db_outage_s=None).db_outage_s == 60
+    assert QueueSettings.build(db_outage_s=600).db_outage_s == 600
+    with pytest.raises(ConfigError) as info:
+        QueueSettings.build(db_outage_s=601)
+    assert info.value.field == "db_outage_s"
+
+
+def test_psycopg_errors_are_classified_like_their_sqlalchemy_wrappers(db_url: str, admin_engine: sa.Engine) -> None:
+    """is_transient: a terminated backend and a closed connection are transient; a constraint violation is not."""
+    conn = psycopg.connect(_conninfo(db_url), autocommit=True)
+    try:
+        with pytest.raises(psycopg.errors.UniqueViolation) as duplicate:
+            conn.execute("CREATE TEMP TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1), (1)")
+        assert not is_transient(duplicate.value)
+        pid = conn.info.backend_pid
+        with admin_engine.connect() as admin:
+            admin.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with pytest.raises(psycopg.OperationalError) as terminated:
+            conn.execute("SELECT 1")
+        assert is_transient(terminated.value), terminated.value
+        with pytest.raises(psycopg.Error) as closed:
+            conn.execute("SELECT 1")  # the connection is closed now
+        assert is_transient(closed.value), closed.value
+    finally:
+        conn.close()
 
 
 # --- crashes and outages (real processes, a local HTTP stub) -----------------------------------------

@@ -34,6 +34,8 @@ MAX_POLL_S = 5.0
 AGING_INTERVAL_S = 60
 """A due payment gains one priority level per this many seconds (fixed by payment_claim_rank, migration 0002)."""
 PRIORITY_RANGE = (-32768, 32767)
+MAX_DB_OUTAGE_S = 600.0
+"""Upper bound of `db_outage_s`: a worker rides out at most 10 minutes without its database, then fails."""
 QUEUE_NAME = "payments"
 
 
@@ -55,6 +57,9 @@ class QueueSettings:
     breaker_cooldown_s: float = 30  # first cool-down; doubles while the outage lasts
     breaker_max_cooldown_s: float = 600
     drain_timeout_s: float = 30  # on stop: calls in flight get this long to finish, then are given back
+    # A lost database connection (backend terminated, server restarting) is re-established with
+    # backoff for this long from the first failure; then the worker ends FAILURE. At most 600 s.
+    db_outage_s: float = 60
 
     def __post_init__(self) -> None:
         check_positive_fields(self)
@@ -67,6 +72,8 @@ class QueueSettings:
             raise ConfigError(f"must be <= 256, got {self.concurrency}", field="concurrency")
         if self.poll_interval_s > MAX_POLL_S:
             raise ConfigError(f"must be <= {MAX_POLL_S:g}, got {self.poll_interval_s}", field="poll_interval_s")
+        if self.db_outage_s > MAX_DB_OUTAGE_S:
+            raise ConfigError(f"must be <= {MAX_DB_OUTAGE_S:g}, got {self.db_outage_s:g}", field="db_outage_s")
         if self.flush_delay_s > 1:
             raise ConfigError(f"must be <= 1, got {self.flush_delay_s}", field="flush_delay_s")
         if self.backoff_max_s < self.backoff_base_s:

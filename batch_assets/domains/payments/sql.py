@@ -56,6 +56,16 @@ UPDATE payments AS p
 RETURNING p.id, p.amount_cents, p.attempts
 """
 
+# CLAIMED_BY_TOKEN — rows a claim statement took whose answer never arrived (the connection died).
+#   %(token)s  uuid  the claim token of that statement
+# Returns id, amount_cents, attempts, as CLAIM does. Only PROCESSING rows (payments_processing_idx):
+# a row that already left PROCESSING, or was claimed again under another token, is not ours.
+CLAIMED_BY_TOKEN = """
+SELECT id, amount_cents, attempts
+  FROM payments
+ WHERE status = 'PROCESSING' AND claim_token = %(token)s
+"""
+
 # WRITE_RESULTS — write a batch of results in one statement, each fenced by its claim token.
 #   %(ids)s       uuid[]    payment ids
 #   %(tokens)s    uuid[]    the claim token of each payment's claim

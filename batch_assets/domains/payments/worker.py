@@ -16,6 +16,15 @@ Shape of one worker process:
 - **Stop** (event, `max_seconds`, drain): no new claim; rows claimed but not started are given
   back (NEW, attempt undone, due now); calls in flight get `drain_timeout_s` to finish, then are
   cancelled and given back; every result is flushed. Nothing stays claimed.
+- **Database outages.** A transient failure (`is_transient`: backend terminated, server restarting,
+  connection refused, timeout) of either connection drops it and connects again with backoff
+  (0.5 s doubling to 8 s), re-LISTENs and carries on. Handler calls in flight go on meanwhile;
+  their results wait in memory (at most batch + concurrency rows, as no claim is made) and are
+  written on the new connection. Results and claims whose statement was in flight when the
+  connection died are handled on the new one: results are written again (fenced by the claim
+  token, so a write that did commit matches nothing the second time), claims committed unseen are
+  taken up by their token. The claim/flush connection rides out `db_outage_s` from its first
+  failure (within `drain_timeout_s` once stopping); then the worker ends FAILURE.
 
 Several worker processes on one or many hosts need no coordinator: `SKIP LOCKED` shares the
 rows and the claim token fences every write. A result lost in a crash (or a crash of the
@@ -28,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -40,16 +50,20 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from batch_assets.db.engine import translate_errors, unavailable
+from batch_assets.db.engine import is_transient, translate_errors, unavailable
 from batch_assets.domains.payments import queue, sql
 from batch_assets.domains.payments.handler import Handler, Outcome, OutcomeKind
 from batch_assets.domains.payments.queue import Claim, QueueSettings, Result
+from batch_assets.errors import DatabaseUnavailable, error_text
 
 log = logging.getLogger(__name__)
 
 _PROGRESS_EVERY_S = 1.0
 _YIELD_EVERY = 64  # instant calls (all lanes together) between yields, so the database loop overlaps them
 _CLAIM_WAIT_LIMIT_S = 0.25  # claimed rows waiting longer than this for a lane shrink the batch
+_RECONNECT_FIRST_S = 0.5  # backoff between connection attempts after a transient failure ...
+_RECONNECT_MAX_S = 8.0  # ... doubling up to this
+_CONNECT_TIMEOUT_S = 10
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 BREAKER_CODES = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}
 """The breaker state as a number (Dagster plots numeric metadata)."""
@@ -76,8 +90,9 @@ class QueueResult:
     round_trips: int = 0
     notifications: int = 0
     woken_by: Counter[str] = field(default_factory=Counter)  # notify | timer | poll
-    # Rows claimed right after each kind of wake-up: start, notify, timer, poll, busy (following the work).
+    # Rows claimed right after each kind of wake-up: start, notify, timer, poll, reconnect, busy (following the work).
     claimed_after: Counter[str] = field(default_factory=Counter)
+    reconnects: int = 0  # connections (claim/flush or LISTEN) re-established after a transient failure
 
     @property
     def per_s(self) -> float:
@@ -105,6 +120,7 @@ class QueueResult:
             "breaker_opened": self.breaker_opened,
             "batch_size": self.batch_size,
             "round_trips": self.round_trips,
+            "reconnects": self.reconnects,
         }
 
 
@@ -237,8 +253,9 @@ def run_worker(
     """Process due payments until `stop` is set, `max_seconds` pass, or (drain=True) nothing is due.
 
     drain=False is the resident worker: it waits for notifications, timers and polls until
-    stopped. A database error stops the run and is raised once the calls in flight settled;
-    connection-level errors surface as `DatabaseUnavailable`.
+    stopped. A transient database failure is ridden out for `settings.db_outage_s` (reconnect with
+    backoff); past that, or on any other database error, the run stops and the error is raised once
+    the calls in flight settled; connection-level errors surface as `DatabaseUnavailable`.
     """
     with translate_errors(engine), engine.connect() as conn:  # reachable, or a one-line error
         conn.exec_driver_sql("SELECT 1")
@@ -283,6 +300,11 @@ class _Worker:
         self.notified = False
         self.errors: list[BaseException] = []
         self.pool: ThreadPoolExecutor | None = None
+        self.conninfo = _conninfo(engine)
+        self.unseen_claims: list[Any] = []  # tokens of claims sent on a connection that died before answering
+        self.down: set[str] = set()  # connections lost and not yet back: "claims", "listener", "unverified"
+        self.down_since = 0.0
+        self.stop_seen_at: float | None = None
 
     # --- the run -------------------------------------------------------------------------------
 
@@ -296,22 +318,14 @@ class _Worker:
         self.listening = asyncio.Event()
         self.pending: asyncio.Queue[Claim | None] = asyncio.Queue()
         self.last_progress = self.started
-        conninfo = _conninfo(self.engine)
         try:
-            self.conn = await psycopg.AsyncConnection.connect(
-                conninfo, autocommit=True, connect_timeout=10, application_name="batch_assets_worker",
-                # A committed result or claim lost in a database crash only means the payment is
-                # claimed again after its lease (Idempotency-Key), so commits need not wait for WAL.
-                # Generic plans of the prepared claim/result statements cannot see the array sizes
-                # and fall back to whole-table joins; custom plans stay on primary-key lookups.
-                options="-c synchronous_commit=off -c plan_cache_mode=force_custom_plan",
-            )
+            self.conn = await self._connect(_CONNECT_TIMEOUT_S)
         except psycopg.OperationalError as exc:
             raise unavailable(self.engine.url, exc) from None
         watcher_done = threading.Event()
         watcher = threading.Thread(target=self._watch_stop, args=(watcher_done,), name="payment-stop", daemon=True)
         watcher.start()
-        listener = asyncio.create_task(self._listen(conninfo))
+        listener = asyncio.create_task(self._listen())
         opened = False
         lanes: list[asyncio.Task[None]] = []
         try:
@@ -359,6 +373,18 @@ class _Worker:
             self.progress(result)
         return result
 
+    async def _connect(self, timeout_s: float) -> psycopg.AsyncConnection[Any]:
+        """The claim/flush connection."""
+        return await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, connect_timeout=max(2, int(timeout_s)),
+            application_name="batch_assets_worker",
+            # A committed result or claim lost in a database crash only means the payment is
+            # claimed again after its lease (Idempotency-Key), so commits need not wait for WAL.
+            # Generic plans of the prepared claim/result statements cannot see the array sizes
+            # and fall back to whole-table joins; custom plans stay on primary-key lookups.
+            options="-c synchronous_commit=off -c plan_cache_mode=force_custom_plan",
+        )
+
     def _watch_stop(self, done: threading.Event) -> None:
         # The stop event is a threading.Event (SIGTERM handler, Dagster termination): wake the loop.
         while not done.is_set():
@@ -399,13 +425,21 @@ class _Worker:
                 self.kick.clear()
                 if want:
                     self.notified = False  # a notification during the claim is kept for the next look
-                claims = await self._round_trip(flush, want, record)
-                if want:
-                    self._took(claims, want, woken)
-                    woken = "busy"  # later claims follow the work, not a wake-up
-                    idle = len(claims) < want
-                    if idle:
-                        next_due_in = await self._next_due_in()
+                try:
+                    claims = await self._round_trip(flush, want, record)
+                    if want:
+                        self._took(claims, want, woken)
+                        woken = "busy"  # later claims follow the work, not a wake-up
+                        idle = len(claims) < want
+                        if idle:
+                            next_due_in = await self._next_due_in()
+                except Exception as exc:
+                    if not is_transient(exc):
+                        raise
+                    await self._reconnect(exc)
+                    # Notifications sent while the connections were away are lost: look at once.
+                    idle, woken, next_due_in = False, "reconnect", None
+                    self.result.woken_by[woken] += 1
                 continue
             held = self.pending.qsize() + self.running
             if self.halting and not self.results:
@@ -418,15 +452,20 @@ class _Worker:
             fired = await self._wait(timeout)
             self._report_progress()
             if idle:
-                if self.notified:
-                    idle, woken = False, "notify"
-                elif not fired:  # the wait ran out: the timer on the next due row, or the poll
-                    idle, woken = False, ("timer" if next_due_in is not None and next_due_in < self._poll_s()
-                                          else "poll")
-                elif self.breaker.poll() != CLOSED and self.breaker.remaining_s() <= 0:
-                    idle, woken = False, "timer"
-                if not idle:
-                    self.result.woken_by[woken] += 1
+                why = self._wake_reason(fired, next_due_in)
+                if why is not None:
+                    idle, woken = False, why
+                    self.result.woken_by[why] += 1
+
+    def _wake_reason(self, fired: bool, next_due_in: float | None) -> str | None:
+        """Why an idle worker looks at the table again after a wait; None: it stays idle."""
+        if self.notified:
+            return "notify"
+        if not fired:  # the wait ran out: the timer on the next due row, or the poll
+            return "timer" if next_due_in is not None and next_due_in < self._poll_s() else "poll"
+        if self.breaker.poll() != CLOSED and self.breaker.remaining_s() <= 0:
+            return "timer"
+        return None
 
     def _poll_s(self) -> float:
         return self.settings.poll_interval_s
@@ -499,20 +538,34 @@ class _Worker:
         conn = self.conn
         written: list[Any] = []
         rows: list[Any] = []
-        async with conn.pipeline():
-            wcur = (
-                await conn.execute(sql.WRITE_RESULTS, queue.results_params([r for r, _ in sent]), binary=True)
-                if sent else None
-            )
-            if record:
-                await conn.execute(sql.RECORD_STATE, state)
-            claim_params = {"n": want, "lease_s": float(self.settings.claim_lease_s), "token": token}
-            ccur = await conn.execute(sql.CLAIM, claim_params, binary=True) if want else None
-            if wcur is not None:
-                written = await wcur.fetchall()
-            if ccur is not None:
-                rows = await ccur.fetchall()
+        try:
+            async with conn.pipeline():
+                wcur = (
+                    await conn.execute(sql.WRITE_RESULTS, queue.results_params([r for r, _ in sent]), binary=True)
+                    if sent else None
+                )
+                if record:
+                    await conn.execute(sql.RECORD_STATE, state)
+                claim_params = {"n": want, "lease_s": float(self.settings.claim_lease_s), "token": token}
+                ccur = await conn.execute(sql.CLAIM, claim_params, binary=True) if want else None
+                if wcur is not None:
+                    written = await wcur.fetchall()
+                if ccur is not None:
+                    rows = await ccur.fetchall()
+        except BaseException:
+            # Whether the statements committed is unknown. The results go back to be written again
+            # (fenced: one that did commit matches nothing the second time, counted as a lost claim);
+            # the claim's token is kept so rows it may have claimed are taken up on the next connection.
+            if sent:
+                self.results[:0] = sent
+                self.first_result_at = 0.0  # overdue: flush first thing
+            if token is not None:
+                self.unseen_claims.append(token)
+            raise
         self.result.round_trips += 1
+        if "unverified" in self.down:
+            self.down.discard("unverified")  # the claim/flush connection survived the outage
+            self._outage_over()
         if record:
             self.recorded_changes = state_changes
         if sent:
@@ -681,33 +734,138 @@ class _Worker:
             for task in late:
                 task.cancel()
             await asyncio.gather(*lanes, return_exceptions=True)
-        # Write every result (and the final breaker state); if the database is gone the leases
-        # bring the rows back, so a failure here is reported, not retried.
+        # Write every result (and the final breaker state), riding out a short outage as the loop
+        # does. After an error, or once the outage bound passed, the leases bring the rows back, so
+        # a failure here is reported, not retried.
         try:
             while self.results or self.breaker.changes != self.recorded_changes:
-                await self._round_trip(bool(self.results), 0, self.breaker.changes != self.recorded_changes)
+                try:
+                    await self._round_trip(bool(self.results), 0, self.breaker.changes != self.recorded_changes)
+                except Exception as exc:
+                    if self.errors or not is_transient(exc):
+                        raise
+                    await self._reconnect(exc)
         except Exception as exc:
             if not self.errors:
                 self.errors.append(exc)
                 self.result.stopped_by = "error"
 
+    # --- database outages -----------------------------------------------------------------------
+
+    def _lost(self, which: str, exc: BaseException) -> None:
+        """A connection failed transiently: one WARNING per outage (both connections usually fail together)."""
+        if not self.down:
+            self.down_since = self.loop.time()
+            # error_text is the driver's first line (e.g. "terminating connection due to administrator
+            # command"); the conninfo, and so the password, is never part of it.
+            log.warning("payment worker: database connection lost (%s); reconnecting for up to %gs",
+                        error_text(exc), self.settings.db_outage_s)
+            if which == "listener":
+                # An idle claim/flush connection learns of the outage only at its next statement,
+                # maybe after the listener is back: the outage lasts until that statement worked.
+                self.down.add("unverified")
+        self.down.add(which)
+
+    def _back(self, which: str) -> None:
+        self.result.reconnects += 1
+        self.down.discard(which)
+        if which == "claims":
+            self.down.discard("unverified")
+        self._outage_over()
+
+    def _outage_over(self) -> None:
+        if not self.down:
+            log.info("payment worker: database connections back after %.1fs", self.loop.time() - self.down_since)
+
+    async def _reconnect(self, exc: BaseException) -> None:
+        """Drop the claim/flush connection and connect again with backoff, or raise `DatabaseUnavailable`.
+
+        Bounded by `db_outage_s` from this connection's failure and, once the worker is stopping,
+        by `drain_timeout_s` from the stop, so SIGTERM during an outage still ends promptly.
+        """
+        self._lost("claims", exc)
+        await self.conn.close()
+        started = self.loop.time()
+        delay, attempts, last = _RECONNECT_FIRST_S, 0, exc
+        while True:
+            now = self.loop.time()
+            deadline = started + self.settings.db_outage_s
+            if self.stop.is_set():
+                if self.stop_seen_at is None:
+                    self.stop_seen_at = now
+                deadline = min(deadline, self.stop_seen_at + self.settings.drain_timeout_s)
+            # Jitter, so several workers cut off together do not knock on the server in step.
+            pause = delay * random.uniform(0.8, 1.2)
+            if now + pause >= deadline:
+                raise DatabaseUnavailable(
+                    f"{unavailable(self.engine.url, last)} (gave up after {now - started:.1f}s and {attempts} "
+                    f"reconnect attempts; db_outage_s {self.settings.db_outage_s:g})"
+                )
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, _RECONNECT_MAX_S)
+            attempts += 1
+            try:
+                self.conn = await self._connect(min(_CONNECT_TIMEOUT_S, deadline - self.loop.time()))
+                await self._take_up_unseen_claims()
+            except Exception as retry_exc:
+                if not is_transient(retry_exc):
+                    raise
+                last = retry_exc
+                if not self.conn.closed:
+                    await self.conn.close()
+                continue
+            self._back("claims")
+            return
+
+    async def _take_up_unseen_claims(self) -> None:
+        """Rows claimed by a statement whose answer was lost: process them (or give them back when stopping)."""
+        while self.unseen_claims:
+            token = self.unseen_claims[0]
+            cur = await self.conn.execute(sql.CLAIMED_BY_TOKEN, {"token": token}, binary=True)
+            rows = await cur.fetchall()
+            self.unseen_claims.pop(0)
+            claims = [Claim(id=r[0], amount_cents=int(r[1]), attempts=int(r[2]), token=token) for r in rows]
+            if not claims:
+                continue
+            log.info("payment worker: took up %d payment(s) claimed before the connection was lost", len(claims))
+            self.result.claimed += len(claims)
+            if self.halting:
+                for claim in claims:
+                    self._give_back(claim, 0.0)
+            else:
+                self.batches.append([self.loop.time(), len(claims)])
+                for claim in claims:
+                    self.pending.put_nowait(claim)
+
     # --- notifications -------------------------------------------------------------------------
 
-    async def _listen(self, conninfo: str) -> None:
-        """LISTEN on its own connection; reconnect after a failure (the poll covers the gap)."""
+    async def _listen(self) -> None:
+        """LISTEN on its own connection; after a transient failure reconnect with backoff (the poll covers the gap)."""
+        delay = _RECONNECT_FIRST_S
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    conninfo, autocommit=True, connect_timeout=10, application_name="batch_assets_listener"
+                    self.conninfo, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S,
+                    application_name="batch_assets_listener",
                 )
                 async with conn:
                     await conn.execute(sql.LISTEN_DUE)
+                    delay = _RECONNECT_FIRST_S
+                    if "listener" in self.down:
+                        self._back("listener")
+                        # Inserts while nobody listened sent their notification to no one: look now.
+                        self.notified = True
+                        self.kick.set()
                     self.listening.set()
                     async for _ in conn.notifies():
                         self.result.notifications += 1
                         self.notified = True
                         self.kick.set()
-            except psycopg.Error as exc:
-                log.warning("payment worker: LISTEN connection failed (%s); polling meanwhile", type(exc).__name__)
-                self.listening.set()
-                await asyncio.sleep(self._poll_s())
+            except Exception as exc:
+                self.listening.set()  # the first claim need not wait: the poll covers the gap
+                if not is_transient(exc):
+                    log.warning("payment worker: LISTEN failed (%s); polling only", error_text(exc))
+                    return
+                self._lost("listener", exc)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, _RECONNECT_MAX_S)
