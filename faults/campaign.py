@@ -464,9 +464,11 @@ class Campaign:
         if spec.fault == "write_errors":
             self._unpoison(db)
             t_fault = time.monotonic()  # the fault lasted the whole run: recovery starts as it heals
-        if spec.fault == "write_errors":
-            # Rows whose write failed must have stayed due: the next delta, once the writes work
-            # again, is the recovery (and must repair every one of them).
+        if spec.fault == "write_errors" and faulted.rc == 0:
+            # A run that ended SUCCESS counted the rows whose write failed and left them due: the next
+            # delta, once the writes work again, is the recovery (and must repair every one of them).
+            # A full or config-change run ends FAILURE instead (its low watermark stays before those
+            # rows), and its recovery is the same command again, as below.
             res.notes.append("recovery is a delta sweep after the trigger was dropped")
             delta = ["sweep", "customer-status", "--mode", "delta", "--run-date", rd, "--workers", str(spec.workers)]
             self.recover(db, delta, res, t_fault, redis=redis)
