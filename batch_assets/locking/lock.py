@@ -86,12 +86,13 @@ EXTEND_SQL = sa.text(
 
 # :name, :owner, :failed. Compare-and-delete; before min_until the row stays, expiring at min_until,
 # unless the run failed: lock-at-least-for keeps a finished run's schedule tick from running twice, and a
-# run that failed must not keep its retry out.
+# run that failed must not keep its retry out. A kept lock's owner gets the suffix '#released': it names
+# no running process any more, so the dead-holder takeover (locking.owner) never applies to it.
 # The two branches have disjoint conditions on the same snapshot, so at most one applies.
 RELEASE_SQL = sa.text(
     """
     WITH kept AS (
-        UPDATE ba_job_locks SET lock_until = min_until
+        UPDATE ba_job_locks SET lock_until = min_until, owner = owner || '#released'
          WHERE name = :name AND owner = :owner AND lock_until > now() AND min_until > now() AND NOT :failed
         RETURNING 1
     ), deleted AS (
@@ -216,14 +217,15 @@ end
 return 0
 """
 
-# KEYS[1] lock, KEYS[2] marker; ARGV owner, failed (1/0). Compare-and-delete, or PEXPIRE to the
-# remaining lock-at-least-for time while the marker is alive (not for a run that failed).
+# KEYS[1] lock, KEYS[2] marker; ARGV owner, failed (1/0). Compare-and-delete, or keep the key (owner
+# suffixed '#released', so no dead-holder takeover applies) for the remaining lock-at-least-for time while
+# the marker is alive (not for a run that failed).
 _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   if ARGV[2] ~= '1' and redis.call('GET', KEYS[2]) == ARGV[1] then
     local left = redis.call('PTTL', KEYS[2])
     if left > 0 then
-      redis.call('PEXPIRE', KEYS[1], left)
+      redis.call('SET', KEYS[1], ARGV[1] .. '#released', 'PX', left)
       return 1
     end
   end

@@ -68,11 +68,18 @@ def test_postgres_lock_of_a_dead_holder_is_taken_over_within_its_lock_at_least_f
     assert lock.release("job", make_owner("next")) and lock.holder("job") is None
 
 
+def test_a_finished_run_of_a_gone_process_keeps_its_lock_at_least_for(engine: sa.Engine, dead_owner: str) -> None:
+    """A released lock kept for lock-at-least-for is not a dead holder's: its process ended, the run finished."""
+    lock = PostgresJobLock(engine)
+    assert lock.acquire("job", dead_owner, 60, min_s=3600) and lock.release("job", dead_owner)
+    assert not lock.acquire("job", make_owner("next"), 120), "lock-at-least-for of a finished run was ignored"
+
+
 def test_a_failed_run_releases_its_lock_at_once_a_finished_one_keeps_it_at_least_for(engine: sa.Engine) -> None:
     """release(failed=True) ignores lock-at-least-for; a plain release keeps the lock until min_until."""
     lock = PostgresJobLock(engine)
     assert lock.acquire("finished", make_owner("a"), 60, min_s=3600) and lock.release("finished", make_owner("a"))
-    assert lock.holder("finished") == make_owner("a")
+    assert lock.holder("finished") == make_owner("a") + "#released"
     assert lock.acquire("failed", make_owner("a"), 60, min_s=3600)
     assert lock.release("failed", make_owner("a"), failed=True)
     assert lock.holder("failed") is None
@@ -94,10 +101,13 @@ def test_redis_lock_is_taken_over_from_a_dead_holder_only(require_redis: None, d
         assert lock.acquire("job", make_owner("next"), 120)
         assert not lock.acquire("job", make_owner("third"), 120)
         assert lock.release("job", make_owner("next"))
-        assert lock.acquire("held", dead_owner, 60, min_s=3600) and lock.release("held", dead_owner)
-        assert lock.acquire("held", make_owner("next"), 120), "a dead holder's at-least-for does not count"
+        assert lock.acquire("held", dead_owner, 60, min_s=3600)
+        assert lock.acquire("held", make_owner("next"), 120), "a crashed holder's at-least-for does not count"
+        assert lock.release("held", make_owner("next"))
+        assert lock.acquire("kept", dead_owner, 60, min_s=3600) and lock.release("kept", dead_owner)
+        assert not lock.acquire("kept", make_owner("next"), 120), "a finished run keeps lock-at-least-for"
         assert lock.acquire("failed", make_owner("a"), 60, min_s=3600)
         assert lock.release("failed", make_owner("a"), failed=True) and lock.holder("failed") is None
     finally:
-        lock.client.delete(*lock._keys("job"), *lock._keys("held"), *lock._keys("failed"))
+        lock.client.delete(*lock._keys("job"), *lock._keys("held"), *lock._keys("failed"), *lock._keys("kept"))
         lock.close()

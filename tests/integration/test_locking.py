@@ -120,7 +120,7 @@ def test_lock_at_least_for_keeps_lock_after_release(engine: sa.Engine, lock: Pos
     """Releasing before locked_at + min_s keeps the lock until then, after which it is free."""
     assert lock.acquire("sweep", "A", 30, min_s=1.5)
     assert lock.release("sweep", "A")
-    assert lock.holder("sweep") == "A"
+    assert lock.holder("sweep") == "A#released", "kept for the minimum hold, marked as no longer held by a process"
     assert not lock.acquire("sweep", "B", 30)
     assert _seconds_left(engine, "sweep") <= 1.5, "release shortens the lock to the minimum hold"
     wait_until(lambda: lock.acquire("sweep", "B", 30), what="minimum hold to pass")
