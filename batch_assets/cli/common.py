@@ -14,16 +14,6 @@ from batch_assets.settings import Settings
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
-    from batch_assets.crypto import DobCipher
-    from batch_assets.domains.customer_status.rules import Rules
-
-
-def engine_for(settings: Settings) -> sa.Engine:
-    """The process's engine, after checking the database answers (one-line error if not)."""
-    from batch_assets.db.engine import connected_engine
-
-    return connected_engine(settings)
-
 
 def check_connection_budget(engine: sa.Engine, needed: int) -> None:
     """ConfigError (exit 2) when the server has fewer free connections than a run's budget needs."""
@@ -36,18 +26,6 @@ def check_connection_budget(engine: sa.Engine, needed: int) -> None:
             f"has {free} free (max_connections minus reserved and in use); lower --workers",
             field="workers",
         )
-
-
-def cipher_for_settings(settings: Settings) -> DobCipher:
-    from batch_assets.crypto import cipher_from_settings
-
-    return cipher_from_settings(settings)
-
-
-def current_rules_of(engine: sa.Engine) -> Rules:
-    from batch_assets.domains.customer_status.rules_store import rules_in_force
-
-    return rules_in_force(engine)
 
 
 def build_config(cls: type, **values: Any) -> Any:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from batch_assets.cli.common import engine_for
 from batch_assets.cli.output import emit, err
+from batch_assets.db.engine import connected_engine
 from batch_assets.errors import (
     EXIT_OK,
     ConfigError,
@@ -17,7 +17,7 @@ from batch_assets.settings import Settings
 def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.db.migrate import applied_versions, migrate
 
-    engine = engine_for(settings)
+    engine = connected_engine(settings)
     applied = migrate(engine)
     for m in applied:
         err(f"applied migration {m.version:04d}_{m.name}")

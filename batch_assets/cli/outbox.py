@@ -10,9 +10,9 @@ from batch_assets.cli.args import (
 )
 from batch_assets.cli.common import (
     build_config,
-    engine_for,
     run_job,
 )
+from batch_assets.db.engine import connected_engine
 from batch_assets.settings import Settings
 
 
@@ -22,7 +22,7 @@ def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
     config = build_config(
         OutboxRelayConfig, batch_size=args.batch_size, follow=args.follow or None, follow_seconds=args.max_seconds
     )
-    engine_for(settings)
+    connected_engine(settings)
     return run_job("outbox_relay_job", config, settings)
 
 

@@ -14,10 +14,10 @@ from batch_assets.cli.args import (
 )
 from batch_assets.cli.common import (
     build_config,
-    engine_for,
     run_job,
 )
 from batch_assets.cli.output import emit, err
+from batch_assets.db.engine import connected_engine
 from batch_assets.errors import (
     EXIT_OK,
     ConfigError,
@@ -30,7 +30,7 @@ def cmd_queue_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.count <= 0:
         raise ConfigError(f"must be positive, got {args.count}", field="count")
-    engine = engine_for(settings)
+    engine = connected_engine(settings)
     count = enqueue(engine, args.count, seed=args.seed, priority=args.priority)
     emit({"status": "SUCCESS", "enqueued": count, "priority": args.priority})
     return EXIT_OK
@@ -45,21 +45,21 @@ def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
     spec = plugin_spec_from_environment()
     if spec:
         load_plugin(spec)  # an unimportable handler is exit 2 before anything is claimed
-    engine_for(settings)
+    connected_engine(settings)
     return run_job("payment_queue_drain_job", config, settings)
 
 
 def cmd_queue_stats(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.payments.queue import queue_stats
 
-    emit({"status": "SUCCESS", **queue_stats(engine_for(settings))})
+    emit({"status": "SUCCESS", **queue_stats(connected_engine(settings))})
     return EXIT_OK
 
 
 def cmd_queue_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.payments.queue import dlq_list
 
-    engine = engine_for(settings)
+    engine = connected_engine(settings)
     if args.csv:
         return _dlq_csv(engine, args.limit)
     rows = dlq_list(engine, limit=args.limit or 100)
@@ -102,7 +102,7 @@ def cmd_queue_dlq_replay(args: argparse.Namespace, settings: Settings) -> int:
             ids = [uuid.UUID(i) for i in args.id]
         except ValueError:
             raise ConfigError("every --id must be a UUID", field="id") from None
-    result = dlq_replay(engine_for(settings), ids)
+    result = dlq_replay(connected_engine(settings), ids)
     summary = result if isinstance(result, dict) else {"replayed": result}
     emit({"status": "SUCCESS", **summary})
     return EXIT_OK

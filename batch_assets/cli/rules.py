@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from batch_assets.cli.common import (
-    engine_for,
-)
 from batch_assets.cli.output import emit, err
+from batch_assets.db.engine import connected_engine
 from batch_assets.errors import (
     EXIT_OK,
 )
@@ -18,7 +16,7 @@ from batch_assets.settings import Settings
 def cmd_rules_show(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.customer_status.rules_store import current_rules
 
-    with engine_for(settings).connect() as conn:
+    with connected_engine(settings).connect() as conn:
         version, rules = current_rules(conn)
     err(str(rules))
     emit({"status": "SUCCESS", "version": version, "fingerprint": rules.fingerprint,
@@ -31,7 +29,7 @@ def cmd_rules_set(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.customer_status.rules_store import current_rules, set_rules
 
     rules = Rules.parse(args.thresholds)
-    engine = engine_for(settings)
+    engine = connected_engine(settings)
     version = set_rules(engine, rules)
     with engine.connect() as conn:
         current_version, current = current_rules(conn)

@@ -12,12 +12,10 @@ from batch_assets.cli.args import (
     parse_run_date,
     today_in,
 )
-from batch_assets.cli.common import (
-    cipher_for_settings,
-    current_rules_of,
-    engine_for,
-)
 from batch_assets.cli.output import emit, err
+from batch_assets.crypto import cipher_from_settings
+from batch_assets.db.engine import connected_engine
+from batch_assets.domains.customer_status.rules_store import rules_in_force
 from batch_assets.errors import (
     EXIT_OK,
 )
@@ -30,9 +28,9 @@ def cmd_seed_customers(args: argparse.Namespace, settings: Settings) -> int:
     check_fraction(args.due_fraction, "due_fraction")
     check_fraction(args.bad_fraction, "bad_fraction")
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
-    cipher = cipher_for_settings(settings)
-    engine = engine_for(settings)
-    rules = current_rules_of(engine)
+    cipher = cipher_from_settings(settings)
+    engine = connected_engine(settings)
+    rules = rules_in_force(engine)
     report = seed_customers(
         engine,
         cipher,
@@ -57,7 +55,7 @@ def cmd_seed_subscriptions(args: argparse.Namespace, settings: Settings) -> int:
     check = __import__("batch_assets.domains.customer_status.seed", fromlist=["check_fraction"]).check_fraction
     check(args.expired_fraction, "expired_fraction")
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
-    engine = engine_for(settings)
+    engine = connected_engine(settings)
     started = datetime.now()
     rows = seed_subscriptions(
         engine, args.rows, seed=args.seed, expired_fraction=args.expired_fraction, run_date=run_date
@@ -70,7 +68,7 @@ def cmd_seed_subscriptions(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_seed_payments(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.payments.seed import seed_payments
 
-    engine = engine_for(settings)
+    engine = connected_engine(settings)
     started = datetime.now()
     rows = seed_payments(engine, args.rows, seed=args.seed)
     emit({"status": "SUCCESS", "table": "payments", "rows": rows,

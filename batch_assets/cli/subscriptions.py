@@ -12,9 +12,9 @@ from batch_assets.cli.args import (
 )
 from batch_assets.cli.common import (
     build_config,
-    engine_for,
     run_job,
 )
+from batch_assets.db.engine import connected_engine
 from batch_assets.settings import Settings
 
 
@@ -24,7 +24,7 @@ def cmd_subscriptions_expire(args: argparse.Namespace, settings: Settings) -> in
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
     config = build_config(ExpiryConfig, run_date=run_date.isoformat(), retry_failed=args.retry_failed,
                            allow_distant_run_date=args.allow_distant_run_date or None)
-    engine_for(settings)
+    connected_engine(settings)
     return run_job("subscription_expiry_job", config, settings, {"run_date": run_date})
 
 

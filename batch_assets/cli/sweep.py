@@ -14,10 +14,10 @@ from batch_assets.cli.args import (
 from batch_assets.cli.common import (
     build_config,
     check_connection_budget,
-    cipher_for_settings,
-    engine_for,
     run_job,
 )
+from batch_assets.crypto import cipher_from_settings
+from batch_assets.db.engine import connected_engine
 from batch_assets.settings import Settings
 
 
@@ -38,8 +38,8 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
     )
     # Checked before launching: a missing or malformed key is exit 2, nothing read; so is a
     # connection budget the server cannot give.
-    cipher_for_settings(settings)
-    check_connection_budget(engine_for(settings), config.to_engine_settings().engine.connections_needed)
+    cipher_from_settings(settings)
+    check_connection_budget(connected_engine(settings), config.to_engine_settings().engine.connections_needed)
     return run_job("customer_status_sweep_job", config, settings, {"mode": args.mode, "run_date": run_date})
 
 
