@@ -9,10 +9,13 @@ database with every migration applied; each test that asks for `db_url` /
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -20,6 +23,7 @@ from sqlalchemy.engine import make_url
 from batch_assets.crypto import DobCipher, generate_key_text
 from batch_assets.db.engine import create_engine
 from batch_assets.db.migrate import migrate
+from batch_assets.locking.owner import make_owner, parse_owner, provably_dead
 from batch_assets.settings import TEST_DATABASE_URL_VAR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,3 +151,19 @@ def require_redis() -> None:
     """Skip (with the reason) when the local Redis is not there; CI always has one."""
     if not redis_reachable():
         pytest.skip("no Redis at 127.0.0.1:6379 (the Redis backends are optional)")
+
+
+@pytest.fixture
+def dead_owner() -> Iterator[str]:
+    """The owner string (locking.owner) a process of this host had, after that process was killed."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        start = round(psutil.Process(proc.pid).create_time() * 100)
+        mine = parse_owner(make_owner("x"))
+        assert mine is not None
+        owner = f"crashed-run@{mine.host}:{proc.pid}:s{start}:n{mine.pid_namespace}"
+        assert not provably_dead(owner), "a live process must never be judged dead"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    yield owner

@@ -4,11 +4,7 @@ at once; any holder that cannot be proven dead is left to expire."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
 
-import psutil
 import pytest
 import sqlalchemy as sa
 
@@ -16,22 +12,6 @@ from batch_assets.locking import Lease, PostgresJobLock, RedisJobLock, make_owne
 from batch_assets.locking.owner import parse_owner, run_level_owner
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def dead_owner() -> Iterator[str]:
-    """The owner string a process had, after that process was killed."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    try:
-        start = round(psutil.Process(proc.pid).create_time() * 100)
-        mine = parse_owner(make_owner("x"))
-        assert mine is not None
-        owner = f"crashed-run@{mine.host}:{proc.pid}:s{start}:n{mine.pid_namespace}"
-        assert not provably_dead(owner), "a live process must never be judged dead"
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-    yield owner
 
 
 def test_the_rule_judges_only_this_hosts_processes(dead_owner: str) -> None:
