@@ -233,11 +233,18 @@ class SinkProxy:
                 pass
 
 
-def _idle_in_transaction(engine: sa.Engine) -> int:
+def _idle_in_transaction(engine: sa.Engine, longer_than_s: float = 0.2) -> int:
+    """Sessions of this database idle inside a transaction for longer than `longer_than_s`.
+
+    A short claim or mark transaction is idle in transaction for microseconds between its statements, so an
+    instantaneous sample can catch one; a transaction held across a send (timeout 0.3 s here) stays idle
+    for the whole send, well past the threshold, and is seen by several consecutive samples."""
     with engine.connect() as conn:
         return conn.exec_driver_sql(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND state LIKE 'idle in transaction%%'"
+            "AND state LIKE 'idle in transaction%%' "
+            "AND clock_timestamp() - state_change > make_interval(secs => %(s)s)",
+            {"s": longer_than_s},
         ).scalar_one()
 
 
