@@ -156,10 +156,11 @@ def build_run_config(
     executor_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run config for `job_name`: the job's (validated) op config, the executor and a WARNING console logger."""
-    if executor not in EXECUTORS:
+    spec = spec_for(job_name)
+    if executor not in (*EXECUTORS, *spec.variants):
         raise ConfigError(f"must be one of {', '.join(EXECUTORS)}, got {executor!r}", field="executor")
     run_config: dict[str, Any] = {
-        "ops": {spec_for(job_name).config_op: {"config": config.model_dump()}},
+        "ops": {spec.config_op: {"config": config.model_dump()}},
         "loggers": {"console": {"config": {"log_level": "WARNING"}}},
     }
     if executor == "in_process":

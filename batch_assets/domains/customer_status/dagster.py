@@ -22,7 +22,7 @@ rules sensor and "Materialize" in the UI start). Lineage:
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
@@ -199,7 +199,8 @@ def _root_run_id(context: dg.OpExecutionContext) -> str:
 
 def _in_process(context: dg.OpExecutionContext) -> bool:
     """Whether every op of this run executes in this process (the in_process executor)."""
-    execution = (context.run.run_config or {}).get("execution") or {}
+    run_config: dict[str, Any] = dict(context.run.run_config or {})
+    execution = run_config.get("execution") or {}
     return "in_process" in (execution.get("config") or {})
 
 
@@ -445,7 +446,7 @@ SWEEP_ASSET_KEYS = [dg.AssetKey("customer_status"), dg.AssetKey("review_triggers
 )
 def report_customer_status(
     context: dg.OpExecutionContext, summary: dict, ranges: list, database: DatabaseResource
-):
+) -> Iterator[dg.Output]:
     """Report the sweep's three assets with numeric metadata (charted in Plots); nothing for a SKIPPED run.
 
     In the asset job these are the multi-asset's outputs (materializations of those assets); in the op
@@ -458,7 +459,7 @@ def report_customer_status(
     counts, categories = counts_table(engine, CATEGORY_COUNTS, label="age_category")
     run_date, mode = str(summary.get("run_date")), str(summary.get("mode"))
     common = {"run_date": run_date, "mode": mode, **run_numbers(summary)}
-    reports = {
+    reports: dict[str, tuple[str, dict[str, Any]]] = {
         "customer_status": (f"{mode} sweep for {run_date}", {
             **common,
             "pages": int(summary.get("pages") or 0),
@@ -510,7 +511,7 @@ def report_customer_status(
     ins={"customers": dg.AssetIn(dagster_type=dg.Nothing)},
     can_subset=False,
 )
-def customer_status_sweep(customers):  # noqa: ANN001, ANN201 - a graph body: Dagster wires the nodes
+def customer_status_sweep(customers: Any) -> Any:  # a graph body: Dagster wires the nodes
     """The customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report."""
     ranges = plan_sweep().map(sweep_range).collect()
     return report_customer_status(summarise_sweep(ranges), ranges, customers=customers)
@@ -632,7 +633,7 @@ def sweep_run_config(config: SweepConfig) -> dict:
     return {"ops": {SWEEP_GRAPH_NODE: {"ops": {"plan_sweep": {"config": config.model_dump()}}}}}
 
 
-def _sweep_tick(mode: str, timezone: str):  # noqa: ANN202 - a schedule's evaluation function
+def _sweep_tick(mode: str, timezone: str) -> Callable[[dg.ScheduleEvaluationContext], dg.RunRequest]:
     def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
         run_date = tick_date(context, timezone)
         return dg.RunRequest(
