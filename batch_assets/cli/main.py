@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from batch_assets.cli import db, outbox, queue, rules, seed, subscriptions, sweep, tools
+from batch_assets.cli import db, jobs, outbox, queue, rules, seed, subscriptions, sweep, tools
 from batch_assets.cli.args import Parser
 from batch_assets.cli.output import emit, empty_summary, err
 from batch_assets.errors import (
@@ -26,7 +26,7 @@ from batch_assets.errors import (
 )
 from batch_assets.settings import load_settings
 
-GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, tools)
+GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, tools)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,12 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-JOB_COMMANDS = {sweep.cmd_sweep, subscriptions.cmd_subscriptions_expire, queue.cmd_queue_work, outbox.cmd_outbox_relay}
+JOB_COMMANDS = {sweep.cmd_sweep, subscriptions.cmd_subscriptions_expire, queue.cmd_queue_work, outbox.cmd_outbox_relay,
+                jobs.cmd_jobs_run}
 
 
 def _looks_like_job(argv: Sequence[str] | None) -> bool:
     words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")]
-    return words[:1] == ["sweep"] or words[:2] in (["subscriptions", "expire"], ["queue", "work"], ["outbox", "relay"])
+    return words[:1] == ["sweep"] or words[:2] in (
+        ["subscriptions", "expire"], ["queue", "work"], ["outbox", "relay"], ["jobs", "run"]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

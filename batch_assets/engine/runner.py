@@ -93,8 +93,9 @@ def run_sweep(
     cursor_range: CursorRange | None = None,
     progress: ProgressCallback | None = None,
 ) -> SweepResult:
-    """Run one sweep to completion, a stop, a lost lease or a tripped breaker; never raises for row data."""
-    settings.validate()
+    """Run one sweep to completion, a stop, a lost lease or a tripped breaker; never raises for row data.
+
+    `settings` was validated when it was built (SweepSettings.__post_init__)."""
     cursor_range = cursor_range or FULL_RANGE
     definition.check_range(cursor_range)
     return _Run(engine, definition, settings, ctx, checkpoints, guard, stop, cursor_range, progress).run()

@@ -53,6 +53,9 @@ ZERO_ALLOWED = frozenset({"lock_min_s"})
 
 @dataclass(frozen=True)
 class SweepSettings:
+    """Validated when built (`__post_init__`), so a SweepSettings object is valid wherever it travels;
+    nothing downstream validates it again."""
+
     page_size: int = 1000
     workers: int = 4
     window: int = 3
@@ -87,9 +90,10 @@ class SweepSettings:
             if value is None or (value == 0 and not isinstance(value, bool) and name not in ZERO_ALLOWED):
                 continue
             values[name] = value
-        settings = cls(**values)
-        settings.validate()
-        return settings
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def validate(self) -> None:
         """Raise `ConfigError(field=...)` for the first invalid value."""

@@ -6,6 +6,7 @@ by category, per range), so pandas' cost does not matter and its tables read wel
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,11 +77,14 @@ def observe_table(engine: sa.Engine, query: str) -> dg.ObserveResult:
 
 def observable_table(table: str, query: str, description: str) -> dg.SourceAsset:
     """An observable source asset for a business table; `query` is a module constant, never input."""
-    @dg.observable_source_asset(name=table, group_name=BUSINESS_TABLES, description=description)
     def _observe(database: DatabaseResource) -> dg.ObserveResult:
         return observe_table(database.get_engine(), query)
 
-    return _observe
+    with warnings.catch_warnings():
+        # observable_source_asset is marked beta; the warning would print on every CLI command that
+        # loads the registry, and it is not the user's to act on.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return dg.observable_source_asset(name=table, group_name=BUSINESS_TABLES, description=description)(_observe)
 
 
 def status_counts(engine: sa.Engine, table: str) -> tuple[dict[str, int], dg.MetadataValue]:

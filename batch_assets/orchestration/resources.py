@@ -75,12 +75,17 @@ class EncryptionResource(dg.ConfigurableResource):
         description="URL-safe base64 key, set through EnvVar BATCH_ASSETS_ENCRYPTION_KEY only (never in run config).",
     )
 
+    _cipher: DobCipher | None = PrivateAttr(default=None)
+
     def cipher(self) -> DobCipher:
-        """The process's cipher; a missing or malformed key is a ConfigError naming the variable."""
-        settings = load_settings()
-        if self.key:
-            settings = dataclasses.replace(settings, encryption_key=self.key)
-        return cipher_for(load_key(settings))
+        """The process's cipher, decoded once per resource (plan and ranges of an in-process run share it);
+        a missing or malformed key is a ConfigError naming the variable."""
+        if self._cipher is None:
+            settings = load_settings()
+            if self.key:
+                settings = dataclasses.replace(settings, encryption_key=self.key)
+            self._cipher = cipher_for(load_key(settings))
+        return self._cipher
 
 
 class JobLockResource(dg.ConfigurableResource):

@@ -1,0 +1,82 @@
+"""`batch-assets jobs list` / `jobs run NAME [--set FIELD=VALUE ...]`: every registered job, by name.
+
+The job commands of CONTRACT §2 (sweep, subscriptions expire, queue work, outbox relay) have their
+own options; these two read the job registry, so a job added with one registry line can be listed,
+inspected and launched from the command line at once, with its config validated exactly as the
+other commands do it (a bad field is exit 2, naming it, before anything runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from batch_assets.cli.common import build_config, run_job
+from batch_assets.cli.output import emit
+from batch_assets.errors import EXIT_OK, ConfigError
+from batch_assets.settings import Settings
+
+
+def _fields(config: type) -> list[dict[str, Any]]:
+    fields = []
+    for name, info in config.model_fields.items():
+        bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "le") if getattr(m, k, None) is not None}
+        fields.append({"name": name, "type": getattr(info.annotation, "__name__", str(info.annotation)),
+                       "default": info.default, **bounds, "description": info.description or ""})
+    return fields
+
+
+def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.orchestration.registry import SPECS
+
+    jobs = [
+        {
+            "name": spec.name,
+            "description": spec.job.description or "",
+            "variants": sorted(spec.variants),
+            "asset_jobs": [job.name for job in spec.asset_jobs],
+            "config": spec.config.__name__,
+            "fields": _fields(spec.config),
+        }
+        for spec in SPECS
+    ]
+    emit({"status": "SUCCESS", "jobs": jobs})
+    return EXIT_OK
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """`FIELD=VALUE`; VALUE is read as JSON when it is JSON (5, 0.5, true, null), else as a string."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name.strip():
+        raise ConfigError(f"expected FIELD=VALUE, got {text!r}", field="set")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return name.strip(), value
+
+
+def cmd_jobs_run(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.orchestration.registry import spec_for
+
+    spec = spec_for(args.job)
+    values = dict(parse_assignment(item) for item in args.set or [])
+    unknown = sorted(set(values) - set(spec.config.model_fields))
+    if unknown:
+        raise ConfigError(f"{spec.config.__name__} has no field {unknown[0]!r}", field=unknown[0])
+    config, _ = build_config(spec.config, **values)
+    return run_job(spec.name, config, settings)
+
+
+def register(sub: Any) -> None:
+    """jobs list | jobs run NAME [--set FIELD=VALUE ...]"""
+    jobs = sub.add_parser("jobs", help="every registered job").add_subparsers(dest="jobs_command", required=True)
+    jobs.add_parser("list", help="the registered jobs and their config fields (JSON)").set_defaults(
+        func=cmd_jobs_list
+    )
+    run = jobs.add_parser("run", help="launch a registered job by name as a Dagster run")
+    run.add_argument("job", help="the job's name (see `jobs list`)")
+    run.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                     help="a config field (repeatable); VALUE is JSON when it parses as JSON, else a string")
+    run.set_defaults(func=cmd_jobs_run)
