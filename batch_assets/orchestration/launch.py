@@ -18,7 +18,6 @@ import fcntl
 import logging
 import os
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,7 @@ from batch_assets import run_history
 from batch_assets.db.engine import is_transient, one_off_engine
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text, first_line
 from batch_assets.orchestration.config import JobConfig
+from batch_assets.orchestration.ops import run_in_thread
 from batch_assets.orchestration.registry import op_jobs, spec_for
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
@@ -91,33 +91,6 @@ def _initialise_storage_once(home: Path) -> None:
                 marker.touch()
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
-
-
-def _off_main_thread(fn: Any) -> Any:
-    """Run `fn` in a worker thread and wait for it on the main thread.
-
-    Dagster replaces the interrupt handlers when it executes on the main thread and turns a
-    signal into DagsterExecutionInterruptedError wherever the op happens to be, which skips the
-    engine's drain. Off the main thread it leaves them alone, so SIGTERM/SIGINT reach the CLI's
-    handler (batch_assets.shutdown), which sets STOP: new pages stop, in-flight pages drain, the
-    checkpoint is recorded and the op reports real counters. The thread is a daemon so a second
-    Ctrl-C can still force the process out.
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # re-raised on the caller's thread below
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, name="batch-assets-run", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.2)  # short waits: the main thread must run signal handlers promptly
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 def get_job(job_name: str) -> dg.JobDefinition:
@@ -209,13 +182,14 @@ def launch_job(
     all_tags = {"batch_assets/launched_by": "cli", LAUNCH_ID_TAG: launch_id, **(tags or {})}
     with dg.DagsterInstance.get() as instance:
         try:
-            result = _off_main_thread(
+            result = run_in_thread(
                 lambda: dg.execute_job(
                     dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(name,)),
                     instance=instance,
                     run_config=run_config,
                     tags=all_tags,
-                )
+                ),
+                name="batch-assets-run",
             )
         except dg.DagsterInvalidConfigError as exc:
             raise ConfigError(first_line(str(exc)), field="run_config") from None
@@ -266,14 +240,15 @@ def reexecute_from_failure(
             run_config["execution"] = {"config": {"in_process": {}}}
         elif executor == "multiprocess":
             run_config["execution"] = {"config": {"multiprocess": {"max_concurrent": max_concurrent or 0}}}
-        result = _off_main_thread(
+        result = run_in_thread(
             lambda: dg.execute_job(
                 dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(parent.job_name,)),
                 instance=instance,
                 run_config=run_config,
                 tags={"batch_assets/launched_by": "cli"},
                 reexecution_options=dg.ReexecutionOptions.from_failure(run_id, instance),
-            )
+            ),
+            name="batch-assets-run",
         )
         launched = _result_of(instance, result, settings, spec_for(parent.job_name))
     _release_after_failure(spec_for(parent.job_name), launched, parent.root_run_id or parent.run_id, settings)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import dagster as dg
 import sqlalchemy as sa
@@ -18,6 +19,8 @@ from batch_assets.orchestration.config import JobConfig, today_in
 from batch_assets.run_history import empty_summary
 from batch_assets.settings import load_settings
 from batch_assets.shutdown import STOP
+
+T = TypeVar("T")
 
 SUMMARY_COUNTERS = ("scanned", "changed", "unchanged", "failed")
 
@@ -147,6 +150,39 @@ def stop_on_interrupt() -> Iterator[None]:
         raise
 
 
+def run_in_thread(fn: Callable[[], T], *, name: str, grace_s: float | None = None) -> T:
+    """Run `fn` in a daemon thread of its own and wait for it here, in short joins; its exception is re-raised here.
+
+    Waiting in short joins keeps this thread free for what must happen on it: on the CLI's main
+    thread, the signal handlers (SIGTERM/SIGINT set STOP, so the engine drains); on an op's thread,
+    Dagster's run termination (DagsterExecutionInterruptedError lands in this wait, not inside the
+    work). With `grace_s`, such an interruption sets STOP and gives the work up to `grace_s` to give
+    back its claims and record its results before the interruption goes on. The thread is a daemon,
+    so a second Ctrl-C can still force the process out.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # re-raised on the waiting thread below
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name=name, daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        if grace_s is not None:
+            STOP.set()
+            worker.join(grace_s)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 __all__ = [
     "FAILURE",
     "SKIPPED",
@@ -156,6 +192,7 @@ __all__ = [
     "finish",
     "record_skipped",
     "resolve_run_date",
+    "run_in_thread",
     "stop_on_interrupt",
     "summary_metadata",
     "utcnow",

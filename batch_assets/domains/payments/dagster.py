@@ -5,10 +5,8 @@ Lineage: payments ─▶ payment_status.
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
-import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -21,7 +19,14 @@ from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import IN_PROGRESS
 from batch_assets.orchestration.config import JobConfig, count_field, seconds_field
 from batch_assets.orchestration.metadata import observable_table, status_counts
-from batch_assets.orchestration.ops import config_failure, finish, stop_on_interrupt, utcnow, validated_plan
+from batch_assets.orchestration.ops import (
+    config_failure,
+    finish,
+    run_in_thread,
+    stop_on_interrupt,
+    utcnow,
+    validated_plan,
+)
 from batch_assets.orchestration.progress import OpProgress
 from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.orchestration.spec import JobSpec
@@ -97,12 +102,14 @@ def drain_payment_queue(
     engine = database.get_engine(min_pool_size=4)
     progress = OpProgress(context, label="payment queue", asset_key="payment_status")
     with stop_on_interrupt(), progress:
-        result = _run_draining(
+        # The worker runs in a thread of its own: a run termination lands in this op's wait, sets STOP, and
+        # the worker gives back its claims and writes its results before the interruption goes on.
+        result = run_in_thread(
             lambda: run_worker(
                 engine, plan.engine, handler=handler, stop=STOP, max_seconds=plan.max_seconds, drain=plan.drain,
                 progress=progress,
             ),
-            grace_s=plan.engine.drain_timeout_s + 30,
+            name="payment-worker", grace_s=plan.engine.drain_timeout_s + 30,
         )
     summary = finish(context, engine, summary=result.to_summary(context.run_id), started_at=started_at)
     stats = queue_stats(engine)
@@ -128,35 +135,6 @@ def drain_payment_queue(
         )
     )
     return summary
-
-
-def _run_draining(fn: Any, *, grace_s: float) -> Any:
-    """Run the worker in a thread of its own and wait for it here.
-
-    A run termination (Dagster raises DagsterExecutionInterruptedError on the op's thread) then
-    lands in this wait, not inside the worker's event loop: STOP is set, the worker gives back its
-    claims and writes its results (up to `grace_s`), and only then does the interruption go on.
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # re-raised on the op's thread below
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, name="payment-worker", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.2)
-    except BaseException:
-        STOP.set()
-        worker.join(grace_s)
-        raise
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
 
 
 @dg.job(description="The payment worker: drain the queue once (drain=True) or stay resident until stopped; "
