@@ -45,16 +45,17 @@ def throughput_chart(report: dict[str, Any], path: Path) -> Path:
     sweep, refs, workers = report["sweep"], report["references"], report["workers"]
     floor, naive = refs.get("floor", {}), refs.get("naive")
     n = report["rows"]
-    series: list[tuple[str, str, dict[str, Any] | None, str]] = []  # (group, label, entry, color)
+    candidates: list[tuple[str, str, dict[str, Any] | None, str]] = []  # (group, label, entry, color)
     for kind, group in (("first_computation", "first computation"), ("steady_state", "steady state")):
         if naive:
-            series.append((group, "naive job (seed 000), estimated",
-                           {"rows_per_s": naive["estimated_rows_per_s"], "sweep_s": naive["estimated_s"]}, NAIVE))
-        series.append((group, "single-stream floor", floor.get(f"full_{kind}"), FLOOR))
+            candidates.append((group, "naive job (seed 000), estimated",
+                               {"rows_per_s": naive["estimated_rows_per_s"], "sweep_s": naive["estimated_s"]}, NAIVE))
+        candidates.append((group, "single-stream floor", floor.get(f"full_{kind}"), FLOOR))
         for i, w in enumerate(workers):
-            series.append((group, f"product, {w} worker{'s' if w > 1 else ''}", sweep.get(sweep_key(kind, w)),
-                           _product_color(i + 1)))
-    series = [s for s in series if s[2]]
+            candidates.append((group, f"product, {w} worker{'s' if w > 1 else ''}", sweep.get(sweep_key(kind, w)),
+                               _product_color(i + 1)))
+    # The scenarios the report has (a section may be absent, e.g. no naive estimate).
+    series = [(group, label, entry, color) for group, label, entry, color in candidates if entry]
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6.2), dpi=DPI)
     ypos, yticks, ylabels, y = [], [], [], 0.0

@@ -48,9 +48,10 @@ class Checker:
 
     def section(self, report: dict[str, Any], key: str, where: str = "report") -> dict[str, Any]:
         value = report.get(key)
-        if not self.that(isinstance(value, dict) and bool(value), f"{where}.{key} is missing"):
-            return {}
-        return value
+        if isinstance(value, dict) and value:
+            return value
+        self.that(False, f"{where}.{key} is missing")
+        return {}
 
 
 def close(a: float, b: float, tolerance: float = 0.02) -> bool:
@@ -165,7 +166,9 @@ def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[i
     plans = {p.get("query"): p for p in checks.get("plans") or []}
     for name in EXPECTED_PLANS:
         plan = plans.get(name)
-        if c.that(plan is not None, f"checks.plans has no EXPLAIN of the {name} query"):
+        if plan is None:
+            c.that(False, f"checks.plans has no EXPLAIN of the {name} query")
+        else:
             c.that(plan.get("index_scan") is True,
                    f"checks.plans: the {name} query is not an index scan "
                    f"({plan.get('other_scans') or plan.get('error') or 'no index'})")
@@ -184,7 +187,9 @@ def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[i
     for w in workers:
         name = f"full_steady_state_w{w}"
         counts = writes.get(name)
-        if c.that(isinstance(counts, dict) and bool(counts), f"checks.second_run_writes.{name} is missing"):
+        if not (isinstance(counts, dict) and counts):
+            c.that(False, f"checks.second_run_writes.{name} is missing")
+        else:
             c.that(all(v == 0 for v in counts.values()),
                    f"checks.second_run_writes.{name}: a second run wrote rows {counts}")
 

@@ -29,9 +29,12 @@ from contextlib import contextmanager
 from datetime import date
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.rows import TupleRow
 
 from batch_assets.crypto import DobCipher
+from batch_assets.db.engine import driver_connection
 from batch_assets.domains.customer_status.rules import Rules, evaluate, parse_dob
 from batch_assets.errors import DecryptError
 
@@ -43,12 +46,12 @@ OFFSET_SAMPLES = 5
 
 
 @contextmanager
-def plain_connection(url: str, *, autocommit: bool) -> Iterator[Any]:
+def plain_connection(url: str, *, autocommit: bool) -> Iterator[psycopg.Connection[TupleRow]]:
     """One psycopg connection to `url`, outside any pool and any SQLAlchemy event."""
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     raw = engine.raw_connection()
     try:
-        conn = raw.driver_connection
+        conn = driver_connection(raw)
         conn.autocommit = autocommit
         yield conn
     finally:

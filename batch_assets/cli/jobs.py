@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batch_assets.cli.common import build_config, run_job
 from batch_assets.cli.output import emit
 from batch_assets.errors import EXIT_OK, ConfigError
 from batch_assets.settings import Settings
 
+if TYPE_CHECKING:
+    from batch_assets.orchestration.config import JobConfig
 
-def _fields(config: type) -> list[dict[str, Any]]:
+
+def _fields(config: type[JobConfig]) -> list[dict[str, Any]]:
     fields = []
     for name, info in config.model_fields.items():
         bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "le") if getattr(m, k, None) is not None}

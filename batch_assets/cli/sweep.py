@@ -53,9 +53,9 @@ def register(sub: Any) -> None:
     cs = sweep.add_parser("customer-status", help="the customer-status sweep (CONTRACT §5)")
     cs.add_argument("--mode", choices=["delta", "full", "config-change"], required=True)
     cs.add_argument("--run-date", default=None, help="YYYY-MM-DD (default: today in BATCH_ASSETS_TIMEZONE)")
-    cs.add_argument("--workers", type=positive("workers", MAXIMA["workers"]), default=None)
-    cs.add_argument("--window", type=positive("window", MAXIMA["window"]), default=None)
-    cs.add_argument("--page-size", type=positive("page_size", MAXIMA["page_size"]), default=None)
+    cs.add_argument("--workers", type=positive("workers", int(MAXIMA["workers"])), default=None)
+    cs.add_argument("--window", type=positive("window", int(MAXIMA["window"])), default=None)
+    cs.add_argument("--page-size", type=positive("page_size", int(MAXIMA["page_size"])), default=None)
     cs.add_argument("--ranges", type=positive("ranges", MAX_RANGES), default=None,
                     help="cursor ranges for full/config-change (one mapped op each)")
     cs.add_argument("--lock-fail-open", action="store_true",

@@ -13,7 +13,9 @@ from contextlib import contextmanager
 
 import psycopg
 import sqlalchemy as sa
+from psycopg.rows import TupleRow
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import PoolProxiedConnection
 
 from batch_assets.errors import ConfigError, DatabaseUnavailable, cause_line
 from batch_assets.settings import DATABASE_URL_VAR, Settings
@@ -103,6 +105,14 @@ def dispose_engines() -> None:
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()
+
+
+def driver_connection(raw: PoolProxiedConnection) -> psycopg.Connection[TupleRow]:
+    """The psycopg connection under a pooled one (COPY, LISTEN/NOTIFY); every engine here uses psycopg 3."""
+    driver = raw.driver_connection  # typed `Any | None` by SQLAlchemy: None once the connection is closed
+    if not isinstance(driver, psycopg.Connection):
+        raise TypeError(f"expected an open psycopg connection, got {type(driver).__name__}")
+    return driver
 
 
 def unavailable(url: str | sa.URL, exc: BaseException) -> DatabaseUnavailable:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from batch_assets.db.engine import is_transient
+from batch_assets.db.timeouts import SET_LOCAL_TIMEOUTS, local_timeouts
 from batch_assets.engine.definition import (
     FULL_RANGE,
     CheckpointStoreLike,
@@ -50,13 +51,6 @@ from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import LeaseLost, error_text
 
 log = logging.getLogger("batch_assets.sweep")
-
-# The SET LOCAL of both timeouts in one round trip (set_config(..., true) is SET LOCAL).
-# Parameters: statement_timeout, lock_timeout (text, e.g. '30000ms').
-SET_LOCAL_TIMEOUTS_SQL = (
-    "SELECT set_config('statement_timeout', %(statement_timeout)s, true), "
-    "set_config('lock_timeout', %(lock_timeout)s, true)"
-)
 
 # The reader's session: keyset pages must walk an index in order. Right after a bulk load (no
 # statistics yet) the planner otherwise picks a bitmap scan of the whole rest of the range plus a
@@ -101,10 +95,6 @@ def run_sweep(
     return _Run(engine, definition, settings, ctx, checkpoints, guard, stop, cursor_range, progress).run()
 
 
-def _ms(seconds: float) -> str:
-    return f"{max(1, int(seconds * 1000))}ms"
-
-
 class _Run:
     def __init__(
         self,
@@ -134,14 +124,10 @@ class _Run:
         self._reader: sa.Connection | None = None
         self.unwritten = 0
         self.limit = settings.page_size
-        self.page_timeouts = {
-            "statement_timeout": _ms(settings.page_timeout_s),
-            "lock_timeout": _ms(min(settings.lock_timeout_s, settings.page_timeout_s)),
-        }
-        self.row_timeouts = {
-            "statement_timeout": _ms(settings.row_timeout_s),
-            "lock_timeout": _ms(min(settings.lock_timeout_s, settings.row_timeout_s)),
-        }
+        # SET_LOCAL_TIMEOUTS' parameters, computed once: sent first in every write transaction.
+        page_s, row_s, lock_s = settings.page_timeout_s, settings.row_timeout_s, settings.lock_timeout_s
+        self.page_timeouts = local_timeouts(page_s, min(lock_s, page_s))
+        self.row_timeouts = local_timeouts(row_s, min(lock_s, row_s))
 
     # The main loop (caller's thread) ----------------------------------------
 
@@ -517,7 +503,7 @@ class _Run:
         if self.guard is not None:
             self.guard.fence(conn, timeouts)
         else:
-            conn.exec_driver_sql(SET_LOCAL_TIMEOUTS_SQL, timeouts)
+            conn.execute(SET_LOCAL_TIMEOUTS, timeouts)
 
     def _write(self, changed: list[RowOutcome], page: PageCounts) -> None:
         """Side effects, then the page write; on a failure caused by the rows, one transaction per row.

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import sqlalchemy as sa
 
 from batch_assets.db.engine import translate_errors
+from batch_assets.db.timeouts import with_local_timeouts
 from batch_assets.errors import LeaseLost
 from batch_assets.locking.owner import make_owner, provably_dead
 
@@ -29,15 +30,14 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Lease", "lease_owner", "make_owner", "steal_lease"]
 
-# The page transaction's preamble in one round trip: SET LOCAL both timeouts (set_config(..., true))
-# and fence the lease. :statement_timeout, :lock_timeout (text, e.g. '30000ms'), :name, :owner
-FENCE_WITH_TIMEOUTS_SQL = sa.text(
+# The page transaction's preamble in one round trip: SET LOCAL both timeouts (db.timeouts) and fence
+# the lease. :statement_timeout, :lock_timeout (text, e.g. '30000ms': db.timeouts.local_timeouts),
+# :name, :owner. `fenced` is NULL when the lease is no longer ours.
+FENCE_WITH_TIMEOUTS_SQL = with_local_timeouts(
     """
-    SELECT set_config('statement_timeout', :statement_timeout, true),
-           set_config('lock_timeout', :lock_timeout, true),
-           (SELECT 1 FROM ba_leases
-             WHERE name = :name AND owner = :owner AND expires_at > clock_timestamp()
-               FOR KEY SHARE) AS fenced
+    (SELECT 1 FROM ba_leases
+      WHERE name = :name AND owner = :owner AND expires_at > clock_timestamp()
+        FOR KEY SHARE) AS fenced
     """
 )
 

@@ -88,13 +88,18 @@ class WorkerWaitingCeleryExecutor(CeleryExecutor):
 def celery_on_redis_executor(init_context: dg.InitExecutorContext) -> CeleryExecutor:
     """dagster-celery's executor on Redis (broker = result backend), failing fast without a worker."""
     config = init_context.executor_config
-    wait_s = float(config.get("worker_wait_s", DEFAULT_WORKER_WAIT_S))
+    wait_s = float(str(config.get("worker_wait_s", DEFAULT_WORKER_WAIT_S)))
     if not 0 < wait_s <= MAX_WORKER_WAIT_S:
         raise dg.DagsterInvalidConfigError(
             f"worker_wait_s must be in (0, {MAX_WORKER_WAIT_S:g}], got {wait_s}", [], config
         )
-    base = celery_executor.executor_creation_fn(init_context)  # the library's retries and config_source
-    broker = config.get("broker") or celery_broker_url()
+    create = celery_executor.executor_creation_fn
+    if create is None:  # dagster-celery always defines it; a release that did not would be a packaging error
+        raise dg.DagsterInvariantViolationError("dagster_celery.celery_executor has no creation function")
+    base = create(init_context)  # the library's retries, include and config_source
+    if not isinstance(base, CeleryExecutor):
+        raise dg.DagsterInvariantViolationError(f"expected a CeleryExecutor, got {type(base).__name__}")
+    broker = str(config.get("broker") or celery_broker_url())
     return WorkerWaitingCeleryExecutor(
         worker_wait_s=wait_s, retries=base.retries, broker=broker, backend=broker, include=base.include,
         config_source=dict(vars(base.config_source)),

@@ -12,18 +12,18 @@ import calendar
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
+from helpers import kill_session
+from helpers import wait_for as wait_for  # the acceptance tests' poll, re-exported
 
 REPO = Path(__file__).resolve().parents[2]
 SENTINEL = date(9999, 12, 31)
@@ -32,8 +32,6 @@ COMMON_KEYS = ("status", "run_id", "scanned", "changed", "unchanged", "failed", 
 SWEEP_KEYS = COMMON_KEYS + ("mode", "run_date", "pages", "decrypted", "triggers", "audit_events", "resumed_from")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 75
 DATE_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-T = TypeVar("T")
 
 
 # --- running the CLI ------------------------------------------------------------------------------
@@ -124,12 +122,7 @@ class CliProcess:
 
     def kill_group(self) -> None:
         """SIGKILL the session this process leads (only processes started here)."""
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.popen.wait(timeout=30)
+        kill_session(self.popen)
 
     def output(self) -> str:
         return self.err_path.read_text()[-4000:] if self.err_path.exists() else ""
@@ -141,27 +134,6 @@ class CliProcess:
         self.kill_group()
         self._out.close()
         self._err.close()
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.05,
-    alive: CliProcess | None = None,
-) -> T:
-    """Poll `predicate` until it returns something truthy; fail after `timeout` s (or if `alive` ended)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if alive is not None and not alive.running():
-            raise AssertionError(f"the process ended (exit {alive.popen.returncode}) before {what}\n{alive.output()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)  # the polling interval, not a synchronisation
 
 
 # --- the database ----------------------------------------------------------------------------------

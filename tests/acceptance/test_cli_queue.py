@@ -10,10 +10,8 @@ import csv
 import io
 import json
 import signal
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -30,43 +28,16 @@ from _cli import (
     scalar,
     wait_for,
 )
+from helpers import LimitsStub
 
 pytestmark = pytest.mark.integration
 
 
-class SlowLimits:
-    """A limits stub that answers 200 after a gate wait of `delay_s` (released at teardown)."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.release = threading.Event()
-        release, delay = self.release, delay_s
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                release.wait(timeout=delay)  # a slow service
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        host, port = self.server.server_address[:2]
-        self.url = f"http://{host}:{port}/limits"
-
-
 @pytest.fixture
-def slow_limits() -> Iterator[SlowLimits]:
-    service = SlowLimits(0.2)
-    service.thread.start()
-    yield service
-    service.release.set()
-    service.server.shutdown()
-    service.server.server_close()
+def slow_limits() -> Iterator[LimitsStub]:
+    """A limits service that answers 200 after 0.2 s."""
+    with LimitsStub(delay_s=0.2) as service:
+        yield service
 
 
 @pytest.mark.slow

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
-import threading
-from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import sqlalchemy as sa
@@ -28,6 +25,7 @@ from _cli import (
     scalar,
     wait_for,
 )
+from helpers import LimitsStub
 from sqlalchemy.engine import make_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -38,43 +36,11 @@ TERMINATE_ALL = sa.text(
 )
 
 
-class CountingLimits:
-    """A limits stub that answers 200 after `delay_s` and counts POSTs per Idempotency-Key."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.posts: Counter[str] = Counter()
-        self.lock = threading.Lock()
-        self.release = threading.Event()
-        state = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                with state.lock:
-                    state.posts[self.headers["Idempotency-Key"]] += 1
-                state.release.wait(timeout=delay_s)  # a slow service, so the drain lasts a while
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        host, port = self.server.server_address[:2]
-        self.url = f"http://{host}:{port}/limits"
-
-
 @pytest.fixture
-def limits() -> Iterator[CountingLimits]:
-    service = CountingLimits(0.1)
-    service.thread.start()
-    yield service
-    service.release.set()
-    service.server.shutdown()
-    service.server.server_close()
+def limits() -> Iterator[LimitsStub]:
+    """A limits service that answers 200 after 0.1 s (so the drain lasts a while) and counts POSTs per key."""
+    with LimitsStub(delay_s=0.1) as service:
+        yield service
 
 
 def done(engine: sa.Engine) -> int:

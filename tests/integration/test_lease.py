@@ -7,25 +7,15 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
+from helpers import wait_for
 
 from batch_assets.errors import LeaseLost
 from batch_assets.locking import Heartbeat, Lease, lease_owner, make_owner, steal_lease
 
 pytestmark = pytest.mark.integration
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `predicate` until it is truthy, failing after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        pause.wait(0.02)
 
 
 def _expires_in(engine: sa.Engine, name: str) -> float:
@@ -78,7 +68,7 @@ def test_heartbeat_false_after_steal_after_expiry(engine: sa.Engine) -> None:
     a = Lease(engine, "job", "A", 1)
     b = Lease(engine, "job", "B", 30)
     assert a.acquire()
-    wait_until(b.acquire, what="expired lease to be taken over")
+    wait_for(b.acquire, what="expired lease to be taken over")
     assert not a.heartbeat()
     assert not a.release()
     assert lease_owner(engine, "job") == "B"
@@ -88,7 +78,7 @@ def test_heartbeat_false_after_expiry_even_without_steal(engine: sa.Engine) -> N
     """An expired lease is lost: the heartbeat does not revive it."""
     a = Lease(engine, "job", "A", 1)
     assert a.acquire()
-    wait_until(lambda: lease_owner(engine, "job") is None, what="lease to expire")
+    wait_for(lambda: lease_owner(engine, "job") is None, what="lease to expire")
     assert not a.heartbeat()
 
 
@@ -119,7 +109,7 @@ def test_fence_raises_once_expired_within_an_old_transaction(engine: sa.Engine) 
     assert a.acquire()
     with engine.begin() as conn:
         conn.execute(sa.text("SELECT now()"))  # now() is frozen at this point for the transaction
-        wait_until(lambda: lease_owner(engine, "job") is None, what="lease to expire")
+        wait_for(lambda: lease_owner(engine, "job") is None, what="lease to expire")
         with pytest.raises(LeaseLost):
             a.fence(conn)
 
@@ -140,7 +130,7 @@ def test_concurrent_steal_waits_for_fenced_commit(engine: sa.Engine) -> None:
         a.fence(conn)
         thief = threading.Thread(target=steal)
         thief.start()
-        wait_until(lambda: _blocked_on_lock(engine) == 1, what="the takeover to wait on the lease row")
+        wait_for(lambda: _blocked_on_lock(engine) == 1, what="the takeover to wait on the lease row")
         assert thief.is_alive()
         assert lease_owner(engine, "job") == "A"
         page_written.set()
@@ -161,10 +151,10 @@ def test_takeover_of_expired_lease_waits_for_fenced_commit(engine: sa.Engine) ->
     with engine.connect() as conn:
         tx = conn.begin()
         a.fence(conn)
-        wait_until(lambda: lease_owner(engine, "job") is None, what="lease to expire")
+        wait_for(lambda: lease_owner(engine, "job") is None, what="lease to expire")
         thief = threading.Thread(target=lambda: taken.append(b.acquire()))
         thief.start()
-        wait_until(lambda: _blocked_on_lock(engine) == 1, what="the takeover to wait on the lease row")
+        wait_for(lambda: _blocked_on_lock(engine) == 1, what="the takeover to wait on the lease row")
         assert taken == []
         tx.commit()
     thief.join(timeout=10)
@@ -203,7 +193,7 @@ def test_release_waits_for_fenced_commit(engine: sa.Engine) -> None:
         a.fence(conn)
         worker = threading.Thread(target=lambda: released.append(a.release()))
         worker.start()
-        wait_until(lambda: _blocked_on_lock(engine) == 1, what="release to wait on the lease row")
+        wait_for(lambda: _blocked_on_lock(engine) == 1, what="release to wait on the lease row")
         assert released == []
         tx.commit()
     worker.join(timeout=10)
@@ -218,12 +208,12 @@ def test_heartbeat_thread_sets_lost_when_lease_stolen(engine: sa.Engine) -> None
     a = Lease(engine, "job", "A", 2)
     assert a.acquire()
     with Heartbeat(0.1, [a.heartbeat]) as hb:
-        wait_until(lambda: hb.beats_done >= 3, what="three renewals")
+        wait_for(lambda: hb.beats_done >= 3, what="three renewals")
         assert not hb.lost.is_set()
         steal_lease(engine, "job", "B", 30)
         assert hb.lost.wait(10)
         assert hb.lost_reason == "Lease.heartbeat returned False"
-        wait_until(lambda: not hb.running, what="the thread to stop after the loss")
+        wait_for(lambda: not hb.running, what="the thread to stop after the loss")
     assert lease_owner(engine, "job") == "B"
 
 
@@ -236,7 +226,7 @@ def test_heartbeat_thread_reports_exception_and_calls_on_lost() -> None:
     reasons: list[str] = []
     with Heartbeat(0.05, [lambda: True, broken], on_lost=reasons.append) as hb:
         assert hb.lost.wait(10)
-        wait_until(lambda: not hb.running, what="the thread to stop")
+        wait_for(lambda: not hb.running, what="the thread to stop")
     assert hb.lost_reason is not None
     assert "broken raised ConnectionError: store gone" in hb.lost_reason
     assert reasons == [hb.lost_reason]
@@ -259,7 +249,7 @@ def test_heartbeat_counts_rounds_and_stops_at_once() -> None:
 
     hb = Heartbeat(0.05, [beat_a, beat_b]).start()
     assert first.wait(10)
-    wait_until(lambda: hb.beats_done >= 2, what="two rounds")
+    wait_for(lambda: hb.beats_done >= 2, what="two rounds")
     hb.stop()
     assert not hb.running
     assert calls[:4] == ["a", "b", "a", "b"]

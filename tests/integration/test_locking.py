@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from helpers import GuardCfg, wait_for
 
 from batch_assets.db.engine import create_engine
 from batch_assets.errors import EXIT_SKIPPED, ConfigError, LeaseLost, LockNotAcquired, LockStoreUnavailable
@@ -27,25 +25,6 @@ from batch_assets.locking import (
 pytestmark = pytest.mark.integration
 
 DOWN_PG_URL = "postgresql+psycopg://postgres:s3cret@127.0.0.1:1/x"
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `predicate` until it is truthy, failing after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        pause.wait(0.02)
-
-
-@dataclass(frozen=True)
-class GuardCfg:
-    lock_ttl_s: float = 30
-    lock_min_s: float = 0
-    lock_fail_open: bool = False
-    lease_ttl_s: float = 30
-    heartbeat_s: float = 5
 
 
 @pytest.fixture
@@ -83,7 +62,7 @@ def test_acquire_succeeds_after_expiry(lock: PostgresJobLock) -> None:
     """Once lock_until passes (database clock), another owner takes the lock."""
     assert lock.acquire("sweep", "A", 1)
     assert not lock.acquire("sweep", "B", 30)
-    wait_until(lambda: lock.acquire("sweep", "B", 30), what="expired lock to be taken")
+    wait_for(lambda: lock.acquire("sweep", "B", 30), what="expired lock to be taken")
     assert lock.holder("sweep") == "B"
     assert not lock.extend("sweep", "A", 30), "the old owner cannot extend"
 
@@ -101,7 +80,7 @@ def test_extend_only_by_owner(engine: sa.Engine, lock: PostgresJobLock) -> None:
 def test_extend_fails_after_expiry(lock: PostgresJobLock) -> None:
     """An owner whose lock expired has lost it, even if nobody took it yet."""
     assert lock.acquire("sweep", "A", 1)
-    wait_until(lambda: lock.holder("sweep") is None, what="lock to expire")
+    wait_for(lambda: lock.holder("sweep") is None, what="lock to expire")
     assert not lock.extend("sweep", "A", 30)
 
 
@@ -123,7 +102,7 @@ def test_lock_at_least_for_keeps_lock_after_release(engine: sa.Engine, lock: Pos
     assert lock.holder("sweep") == "A#released", "kept for the minimum hold, marked as no longer held by a process"
     assert not lock.acquire("sweep", "B", 30)
     assert _seconds_left(engine, "sweep") <= 1.5, "release shortens the lock to the minimum hold"
-    wait_until(lambda: lock.acquire("sweep", "B", 30), what="minimum hold to pass")
+    wait_for(lambda: lock.acquire("sweep", "B", 30), what="minimum hold to pass")
     assert lock.holder("sweep") == "B"
 
 
@@ -200,7 +179,7 @@ def test_guard_refused_when_lease_held_by_live_owner(engine: sa.Engine) -> None:
 def test_guard_takes_over_expired_lease(engine: sa.Engine) -> None:
     """The lease of a crashed run is taken over once it expired."""
     assert Lease(engine, "customer_status", "crashed@host:1", 1).acquire()
-    wait_until(lambda: lease_owner(engine, "customer_status") is None, what="crashed lease to expire")
+    wait_for(lambda: lease_owner(engine, "customer_status") is None, what="crashed lease to expire")
     with job_guard(engine, job_key="customer_status", run_id="run-2", settings=GuardCfg()) as guard:
         assert lease_owner(engine, "customer_status") == guard.owner
 
@@ -241,7 +220,7 @@ def test_guard_keeps_lock_for_minimum_after_exit(engine: sa.Engine) -> None:
     with pytest.raises(LockNotAcquired):
         with job_guard(engine, job_key="expiry", run_id="run-2", settings=cfg):
             pytest.fail("must not enter")
-    wait_until(lambda: PostgresJobLock(engine).holder("expiry") is None, what="minimum hold to pass")
+    wait_for(lambda: PostgresJobLock(engine).holder("expiry") is None, what="minimum hold to pass")
     with job_guard(engine, job_key="expiry", run_id="run-3", settings=cfg):
         pass
 
@@ -283,7 +262,7 @@ def test_guard_heartbeat_renews_lease_and_lock(engine: sa.Engine) -> None:
     """The guard's heartbeat keeps lease and lock alive well past their ttl."""
     cfg = GuardCfg(lock_ttl_s=1, lease_ttl_s=1, heartbeat_s=0.2)
     with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg) as guard:
-        wait_until(lambda: guard.beats >= 8, what="8 heartbeats (> 1.5 ttl)")
+        wait_for(lambda: guard.beats >= 8, what="8 heartbeats (> 1.5 ttl)")
         assert guard.alive()
         assert lease_owner(engine, "customer_status") == guard.owner
         assert PostgresJobLock(engine).holder("customer_status") == guard.owner
@@ -297,7 +276,7 @@ def test_guard_stolen_lease_stops_run(engine: sa.Engine) -> None:
     cfg = GuardCfg(heartbeat_s=0.1)
     with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg, on_lost=lost.append) as guard:
         assert steal_lease(engine, "customer_status", "new@host:2", 30) == guard.owner
-        wait_until(lambda: not guard.alive(), what="heartbeat to notice the takeover")
+        wait_for(lambda: not guard.alive(), what="heartbeat to notice the takeover")
         assert "Lease.heartbeat returned False" in (guard.lost_reason or "")
         assert lost == [guard.lost_reason]
         with pytest.raises(LeaseLost), engine.begin() as conn:
@@ -311,7 +290,7 @@ def test_guard_lost_lock_stops_run(engine: sa.Engine) -> None:
     with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg) as guard:
         with engine.begin() as conn:
             conn.execute(sa.text("UPDATE ba_job_locks SET owner = 'other@host:9' WHERE name = 'customer_status'"))
-        wait_until(lambda: not guard.alive(), what="heartbeat to notice the lost lock")
+        wait_for(lambda: not guard.alive(), what="heartbeat to notice the lost lock")
         assert guard.lost_reason == "JobLock.extend returned False"
         with pytest.raises(LeaseLost), engine.begin() as conn:
             guard.fence(conn)
@@ -324,7 +303,7 @@ def test_lock_store_down_mid_run_fail_closed_stops_run(engine: sa.Engine, down_e
     cfg = GuardCfg(heartbeat_s=0.1, lease_ttl_s=1, lock_ttl_s=1)  # grace: 1 s - 2 heartbeats
     with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg, lock=lock) as guard:
         lock.engine = down_engine  # the store becomes unreachable
-        wait_until(lambda: not guard.alive(), what="heartbeat to notice the lock store outage")
+        wait_for(lambda: not guard.alive(), what="heartbeat to notice the lock store outage")
         assert (guard.lost_reason or "").startswith("JobLock.extend raised LockStoreUnavailable")
         lock.engine = engine
     assert lease_owner(engine, "customer_status") is None
@@ -339,11 +318,11 @@ def test_a_short_lock_store_outage_within_the_grace_keeps_the_run(
     with caplog.at_level(logging.WARNING, logger="batch_assets.locking.heartbeat"):
         with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg, lock=lock) as guard:
             lock.engine = down_engine
-            wait_until(lambda: any("heartbeat failed" in r.getMessage() for r in caplog.records),
+            wait_for(lambda: any("heartbeat failed" in r.getMessage() for r in caplog.records),
                        what="a failed renewal")
             lock.engine = engine
             start = guard.beats
-            wait_until(lambda: guard.beats >= start + 2, what="renewals after the outage")
+            wait_for(lambda: guard.beats >= start + 2, what="renewals after the outage")
             assert guard.alive() and lock.holder("customer_status") == guard.owner
 
 
@@ -357,7 +336,7 @@ def test_lock_store_down_mid_run_fail_open_keeps_running(
         with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg, lock=lock) as guard:
             lock.engine = down_engine
             start = guard.beats
-            wait_until(lambda: guard.beats >= start + 3, what="three heartbeats during the outage")
+            wait_for(lambda: guard.beats >= start + 3, what="three heartbeats during the outage")
             assert guard.alive()
             with engine.begin() as conn:
                 guard.fence(conn)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from helpers import LimitsStub
 
 from batch_assets.domains.payments import queue
 from batch_assets.domains.payments.handler import HttpLimitsHandler, OutcomeKind, classify_status
@@ -21,57 +18,11 @@ from batch_assets.domains.payments.worker import run_worker
 pytestmark = pytest.mark.integration
 
 
-@dataclass
-class LimitsServer:
-    """A scripted limits service: `respond(body) -> status`, optional delay; records keys and concurrency."""
-
-    respond: Callable[[dict], int] = lambda body: 200
-    delay_s: float = 0.0
-    keys: list[str] = field(default_factory=list)
-    bodies: list[dict] = field(default_factory=list)
-    active: int = 0
-    max_active: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    url: str = ""
-    release: threading.Event = field(default_factory=threading.Event)
-
-
 @pytest.fixture
-def limits() -> Iterator[LimitsServer]:
-    state = LimitsServer()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server API)
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with state.lock:
-                state.keys.append(self.headers.get("Idempotency-Key", ""))
-                state.bodies.append(body)
-                state.active += 1
-                state.max_active = max(state.max_active, state.active)
-            try:
-                if state.delay_s:
-                    state.release.wait(timeout=state.delay_s)  # a slow service (released early by the test)
-                status = state.respond(body)
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-            finally:
-                with state.lock:
-                    state.active -= 1
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/limits"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield state
-    state.release.set()
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+def limits() -> Iterator[LimitsStub]:
+    """A scripted limits service (`respond`, `delay_s`) recording keys, bodies and concurrency."""
+    with LimitsStub() as service:
+        yield service
 
 
 def _settings(**kw: object) -> QueueSettings:
@@ -114,7 +65,7 @@ def test_classification_of_status_codes() -> None:
     }  # fmt: skip
 
 
-def test_2xx_marks_done_once_with_idempotency_key(engine: sa.Engine, limits: LimitsServer) -> None:
+def test_2xx_marks_done_once_with_idempotency_key(engine: sa.Engine, limits: LimitsStub) -> None:
     """A 2xx answer marks each payment DONE after one call carrying Idempotency-Key = payment id and the JSON body."""
     queue.enqueue(engine, 5, seed=21)
     with HttpLimitsHandler(limits.url, timeout_s=2) as handler:
@@ -129,7 +80,7 @@ def test_2xx_marks_done_once_with_idempotency_key(engine: sa.Engine, limits: Lim
 
 
 @pytest.mark.parametrize("status", [400, 404, 422])
-def test_4xx_is_failed_at_once(engine: sa.Engine, limits: LimitsServer, status: int) -> None:
+def test_4xx_is_failed_at_once(engine: sa.Engine, limits: LimitsStub, status: int) -> None:
     """A 4xx other than 408/429 fails the payment on its first attempt, with the status in last_error."""
     queue.enqueue(engine, 2, seed=22)
     limits.respond = lambda body: status
@@ -143,7 +94,7 @@ def test_4xx_is_failed_at_once(engine: sa.Engine, limits: LimitsServer, status: 
 
 @pytest.mark.parametrize("status", [500, 503, 408, 429])
 def test_retriable_status_retries_then_fails_at_max_attempts(
-    engine: sa.Engine, limits: LimitsServer, status: int
+    engine: sa.Engine, limits: LimitsStub, status: int
 ) -> None:
     """5xx, 408 and 429 retry with backoff until max attempts, then FAILED with last_error; the same key each time."""
     queue.enqueue(engine, 1, seed=23)
@@ -157,7 +108,7 @@ def test_retriable_status_retries_then_fails_at_max_attempts(
     assert limits.keys == [str(row.id)] * 3
 
 
-def test_retry_then_success_is_done(engine: sa.Engine, limits: LimitsServer) -> None:
+def test_retry_then_success_is_done(engine: sa.Engine, limits: LimitsStub) -> None:
     """A payment that gets 503 then 200 ends DONE on its second attempt."""
     queue.enqueue(engine, 1, seed=24)
     answers = iter([503, 200])
@@ -168,7 +119,7 @@ def test_retry_then_success_is_done(engine: sa.Engine, limits: LimitsServer) -> 
     assert (row.status, row.attempts, totals["done"], totals["retried"]) == ("DONE", 2, 1, 1)
 
 
-def test_timeout_is_retried_then_failed(engine: sa.Engine, limits: LimitsServer) -> None:
+def test_timeout_is_retried_then_failed(engine: sa.Engine, limits: LimitsStub) -> None:
     """A call slower than the handler timeout is a retry; at max attempts the payment is FAILED with 'timed out'."""
     queue.enqueue(engine, 1, seed=25)
     limits.delay_s = 5
@@ -199,7 +150,7 @@ def test_connection_refused_is_retried_then_failed(engine: sa.Engine) -> None:
     assert "secret" not in row.last_error and "hunter2" not in row.last_error and str(port) not in row.last_error
 
 
-def test_concurrency_is_bounded(engine: sa.Engine, limits: LimitsServer) -> None:
+def test_concurrency_is_bounded(engine: sa.Engine, limits: LimitsStub) -> None:
     """The service never sees more than `concurrency` requests at once, and does see that many."""
     queue.enqueue(engine, 40, seed=27)
     limits.delay_s = 0.05
@@ -210,7 +161,7 @@ def test_concurrency_is_bounded(engine: sa.Engine, limits: LimitsServer) -> None
     assert limits.max_active == 4
 
 
-def test_max_seconds_stops_the_worker_while_the_service_is_slow(engine: sa.Engine, limits: LimitsServer) -> None:
+def test_max_seconds_stops_the_worker_while_the_service_is_slow(engine: sa.Engine, limits: LimitsStub) -> None:
     """With a slow service, max_seconds ends the run; unfinished claims are released, nothing is stuck."""
     queue.enqueue(engine, 50, seed=28)
     limits.delay_s = 0.3

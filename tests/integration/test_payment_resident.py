@@ -16,16 +16,14 @@ import textwrap
 import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy as sa
+from helpers import LimitsStub, kill_session, wait_for
 
 from batch_assets.db.engine import is_transient
 from batch_assets.domains.payments import queue, sql
@@ -43,69 +41,35 @@ def _conninfo(db_url: str) -> str:
     return sa.engine.make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def _notifications_until_marker(listener: psycopg.Connection[Any], db_url: str) -> list[str]:
+    """The payloads `listener` received, up to a marker sent now from another connection.
+
+    Notifications arrive in commit order, so everything committed before the marker has arrived
+    once the marker has.
+    """
+    with psycopg.connect(_conninfo(db_url), autocommit=True) as writer:
+        writer.execute("SELECT pg_notify(%s, 'marker')", (sql.DUE_CHANNEL,))
+    payloads = []
+    for note in listener.notifies(timeout=30):
+        payloads.append(note.payload)
+        if note.payload == "marker":
+            break
+    return payloads
+
+
 def _statuses(engine: sa.Engine) -> dict[str, int]:
     with engine.connect() as conn:
         return dict(conn.execute(sa.text("SELECT status, count(*) FROM payments GROUP BY status")).all())
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll `predicate` until truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)  # the polling interval, not a synchronisation
-
-
 # --- a local limits service ----------------------------------------------------------------------
 
 
-@dataclass
-class Stub:
-    """A limits service on 127.0.0.1: `answer(payment_id) -> status`; counts POSTs per payment id."""
-
-    answer: Callable[[str], int] = lambda pid: 200
-    posts: Counter[str] = field(default_factory=Counter)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    url: str = ""
-
-    def count(self, pid: object) -> int:
-        with self.lock:
-            return self.posts[str(pid)]
-
-
 @pytest.fixture
-def stub() -> Iterator[Stub]:
-    state = Stub()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:  # noqa: N802 (http.server API)
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            pid = str(body["payment_id"])
-            with state.lock:
-                state.posts[pid] += 1
-            status = state.answer(pid)
-            self.send_response(status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/limits"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield state
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+def stub() -> Iterator[LimitsStub]:
+    """A keep-alive limits service: `respond(body) -> status`; counts POSTs per payment (`count`)."""
+    with LimitsStub(keep_alive=True) as service:
+        yield service
 
 
 WORKER_SCRIPT = textwrap.dedent(
@@ -149,12 +113,7 @@ class WorkerProcess:
         return json.loads(lines[-1])
 
     def kill_group(self) -> None:
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.popen.wait(timeout=30)
+        kill_session(self.popen)
         self._out.close()
         self._err.close()
 
@@ -289,15 +248,7 @@ def test_one_copy_sends_one_notification_from_a_statement_level_trigger(engine: 
     with psycopg.connect(_conninfo(db_url), autocommit=True) as listener:
         listener.execute(sql.LISTEN_DUE)
         queue.enqueue(engine, 1000, seed=33)
-        with psycopg.connect(_conninfo(db_url), autocommit=True) as writer:
-            # A marker after the COPY's commit: notifications arrive in commit order, so everything
-            # the COPY sent has arrived once the marker has.
-            writer.execute("SELECT pg_notify(%s, 'marker')", (sql.DUE_CHANNEL,))
-        payloads = []
-        for note in listener.notifies(timeout=30):
-            payloads.append(note.payload)
-            if note.payload == "marker":
-                break
+        payloads = _notifications_until_marker(listener, db_url)
     assert payloads == ["", "marker"]
 
 
@@ -311,13 +262,7 @@ def test_no_notification_for_rows_due_later_or_claims(engine: sa.Engine, db_url:
         queue.enqueue(engine, 1, seed=34)  # one notification
         [claim] = queue.claim(engine, 5, lease_s=60)  # none
         assert queue.release(engine, claim)  # due again now: one notification
-        with psycopg.connect(_conninfo(db_url), autocommit=True) as writer:
-            writer.execute("SELECT pg_notify(%s, 'marker')", (sql.DUE_CHANNEL,))
-        payloads = []
-        for note in listener.notifies(timeout=30):
-            payloads.append(note.payload)
-            if note.payload == "marker":
-                break
+        payloads = _notifications_until_marker(listener, db_url)
     assert payloads == ["", "", "marker"]
 
 
@@ -458,13 +403,14 @@ def test_psycopg_errors_are_classified_like_their_sqlalchemy_wrappers(db_url: st
 
 
 @pytest.mark.slow
-def test_kill_9_in_the_middle_of_a_bulk_flush(engine: sa.Engine, db_url: str, stub: Stub, tmp_path: Path) -> None:
+def test_kill_9_in_the_middle_of_a_bulk_flush(engine: sa.Engine, db_url: str, stub: LimitsStub, tmp_path: Path) -> None:
     """kill -9 while a result flush waits: afterwards every payment is DONE once and none is POSTed more than twice."""
     queue.enqueue(engine, 200, seed=35)
     gate_seen, gate_open = threading.Event(), threading.Event()
     gate: list[str] = []
 
-    def answer(pid: str) -> int:
+    def answer(body: dict[str, Any]) -> int:
+        pid = str(body["payment_id"])
         with stub.lock:
             first = not gate
             if first:
@@ -474,7 +420,7 @@ def test_kill_9_in_the_middle_of_a_bulk_flush(engine: sa.Engine, db_url: str, st
             gate_open.wait(timeout=60)  # held until the test has locked this payment's row
         return 200
 
-    stub.answer = answer
+    stub.respond = answer
     knobs = {"concurrency": 8, "batch_size": 20, "claim_lease_s": 4, "http_timeout_s": 2, "poll_interval_s": 0.5}
     first = WorkerProcess(db_url, stub.url, knobs, tmp_path)
     blocker = psycopg.connect(_conninfo(db_url))
@@ -520,19 +466,19 @@ def test_kill_9_in_the_middle_of_a_bulk_flush(engine: sa.Engine, db_url: str, st
 
 @pytest.mark.slow
 def test_breaker_an_8_second_outage_fails_nothing_and_costs_at_most_one_attempt(
-    engine: sa.Engine, db_url: str, stub: Stub, tmp_path: Path
+    engine: sa.Engine, db_url: str, stub: LimitsStub, tmp_path: Path
 ) -> None:
     """The stub answers 503 for 8 s: afterwards nothing is FAILED and no payment has more than 2 attempts."""
     queue.enqueue(engine, 40, seed=36)
     outage_until: list[float] = []
 
-    def answer(pid: str) -> int:
+    def answer(body: dict[str, Any]) -> int:
         with stub.lock:
             if not outage_until:
                 outage_until.append(time.monotonic() + 8)
         return 503 if time.monotonic() < outage_until[0] else 200
 
-    stub.answer = answer
+    stub.respond = answer
     # Without the breaker, 3 attempts 0.5-1 s apart would send payments to FAILED within the outage.
     knobs = {
         "concurrency": 4, "batch_size": 4, "max_attempts": 3, "backoff_base_s": 0.5, "backoff_max_s": 1,

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import pytest
 import redis
 import sqlalchemy as sa
+from helpers import GuardCfg, wait_for
 
 from batch_assets.errors import LockNotAcquired, LockStoreUnavailable
 from batch_assets.locking import RedisJobLock, job_guard, lease_owner
@@ -21,25 +19,6 @@ pytestmark = pytest.mark.integration
 
 REDIS_URL = os.environ.get("BATCH_ASSETS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 DOWN_REDIS_URL = "redis://:s3cret@127.0.0.1:1/0"
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `predicate` until it is truthy, failing after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        pause.wait(0.02)
-
-
-@dataclass(frozen=True)
-class GuardCfg:
-    lock_ttl_s: float = 30
-    lock_min_s: float = 0
-    lock_fail_open: bool = False
-    lease_ttl_s: float = 30
-    heartbeat_s: float = 5
 
 
 @pytest.fixture
@@ -81,7 +60,7 @@ def test_second_acquire_fails_while_held(lock: RedisJobLock) -> None:
 def test_acquire_succeeds_after_expiry(lock: RedisJobLock) -> None:
     """Once the key's PX expiry passes, another owner takes the lock."""
     assert lock.acquire("sweep", "A", 1)
-    wait_until(lambda: lock.acquire("sweep", "B", 30), what="expired lock to be taken")
+    wait_for(lambda: lock.acquire("sweep", "B", 30), what="expired lock to be taken")
     assert lock.holder("sweep") == "B"
     assert not lock.extend("sweep", "A", 30)
 
@@ -114,7 +93,7 @@ def test_lock_at_least_for_keeps_lock_after_release(lock: RedisJobLock) -> None:
     assert lock.holder("sweep") == "A#released", "kept for the minimum hold, marked as no longer held by a process"
     assert 0 < _pttl_ms(lock, "sweep") <= 1500
     assert not lock.acquire("sweep", "B", 30)
-    wait_until(lambda: lock.acquire("sweep", "B", 30), what="minimum hold to pass")
+    wait_for(lambda: lock.acquire("sweep", "B", 30), what="minimum hold to pass")
     assert lock.holder("sweep") == "B"
     assert lock.release("sweep", "B")
     assert lock.holder("sweep") is None, "B took it without a minimum: release deletes"
@@ -163,7 +142,7 @@ def test_guard_heartbeat_extends_redis_lock(engine: sa.Engine, lock: RedisJobLoc
     """The guard's heartbeat keeps a short Redis lock alive past its ttl."""
     cfg = GuardCfg(lock_ttl_s=1, lease_ttl_s=5, heartbeat_s=0.2)
     with job_guard(engine, job_key="customer_status", run_id="run-1", settings=cfg, lock=lock) as guard:
-        wait_until(lambda: guard.beats >= 8, what="8 heartbeats (> 1.5 ttl)")
+        wait_for(lambda: guard.beats >= 8, what="8 heartbeats (> 1.5 ttl)")
         assert guard.alive()
         assert lock.holder("customer_status") == guard.owner
 

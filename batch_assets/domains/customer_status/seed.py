@@ -19,6 +19,7 @@ from datetime import date, timedelta
 import sqlalchemy as sa
 
 from batch_assets.crypto import NONCE_BYTES, DobCipher
+from batch_assets.db.engine import driver_connection
 from batch_assets.domains.customer_status.rules import DEFAULT_RULES, Rules, evaluate
 from batch_assets.errors import ConfigError
 
@@ -91,7 +92,8 @@ def seed_customers(
 
     raw = engine.raw_connection()
     try:
-        with raw.cursor() as cur, cur.copy(COPY_CUSTOMERS) as copy:
+        pg = driver_connection(raw)
+        with pg.cursor() as cur, cur.copy(COPY_CUSTOMERS) as copy:
             for n in range(rows):
                 cid = _uuid_from(rng)
                 nonce = rng.randbytes(NONCE_BYTES)
@@ -126,7 +128,7 @@ def seed_customers(
         raw.commit()
         # Fresh statistics, so the planner keeps the keyset plans (primary key / customers_due_idx)
         # right after a bulk load instead of guessing from an empty table.
-        with raw.cursor() as cur:
+        with pg.cursor() as cur:
             cur.execute("ANALYZE customers")
         raw.commit()
     finally:

@@ -116,6 +116,7 @@ class CustomerStatusSweep(SweepDefinition):
         )
 
     def _evaluate(self, text: str) -> tuple[str, date | None, date | None]:
+        result: tuple[str, date | None, date | None]
         try:
             dob = parse_dob(text)
             if dob > self.run_date:

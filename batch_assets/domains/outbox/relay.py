@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import sqlalchemy as sa
+from sqlalchemy.pool import PoolProxiedConnection
 
+from batch_assets.db.engine import driver_connection
 from batch_assets.errors import ConfigError
 from batch_assets.settings import Settings
 
@@ -371,7 +373,7 @@ class _Listener:
 
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
-        self._raw: Any = None
+        self._raw: PoolProxiedConnection | None = None
 
     def __enter__(self) -> _Listener:
         self._connect()
@@ -380,7 +382,7 @@ class _Listener:
     def _connect(self) -> None:
         try:
             raw = self.engine.raw_connection()
-            driver = raw.driver_connection
+            driver = driver_connection(raw)
             driver.autocommit = True
             driver.execute(f"LISTEN {NOTIFY_CHANNEL}")  # a constant identifier, never input
             self._raw = raw
@@ -401,7 +403,7 @@ class _Listener:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                for _ in self._raw.driver_connection.notifies(timeout=min(left, 0.5), stop_after=1):
+                for _ in driver_connection(self._raw).notifies(timeout=min(left, 0.5), stop_after=1):
                     return
         except Exception as exc:  # noqa: BLE001 - connection lost: reconnect on the next wait
             log.warning("outbox relay: notification connection lost (%s)", type(exc).__name__)

@@ -27,11 +27,24 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from multiprocessing.context import SpawnContext
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier, Event
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from batch_assets.errors import ConfigError
+
+if TYPE_CHECKING:  # imported where used: a spawned bench process loads only what it runs
+    from batch_assets.domains.payments.handler import Outcome
+    from batch_assets.domains.payments.queue import Claim
+
+# What a bench process puts on its queue: the monotonic time it ended, or "<error type>: <text>".
+EndReport = float | str
+# What the resident worker's handler puts on its queue: (payment id, monotonic time of the call),
+# or ("error", "<error type>: <text>").
+Stamp = tuple[str, float | str]
 
 NOOP_HANDLER = "batch_assets.domains.payments.noop:handle"
 WORKER_PROCESSES = 2
@@ -208,10 +221,10 @@ def run_queue_bench(
 # --- processes ---------------------------------------------------------------------------------
 
 
-def _run_processes(ctx: Any, target: Callable[..., None], url: str, args: tuple[Any, ...]) -> float:
+def _run_processes(ctx: SpawnContext, target: Callable[..., None], url: str, args: tuple[object, ...]) -> float:
     """Start WORKER_PROCESSES of `target`, release them together, return seconds until the last ends."""
     ready = ctx.Barrier(WORKER_PROCESSES + 1)
-    out = ctx.Queue()
+    out: Queue[EndReport] = ctx.Queue()
     procs = [ctx.Process(target=target, args=(url, ready, out, *args), daemon=True) for _ in range(WORKER_PROCESSES)]
     for p in procs:
         p.start()
@@ -219,10 +232,12 @@ def _run_processes(ctx: Any, target: Callable[..., None], url: str, args: tuple[
         ready.wait(timeout=120)
         started = time.monotonic()
         ends = [out.get(timeout=900) for _ in procs]
+        times: list[float] = []
         for end in ends:
             if isinstance(end, str):
                 raise RuntimeError(f"bench worker failed: {end}")
-        return max(ends) - started
+            times.append(end)
+        return max(times) - started
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -230,13 +245,13 @@ def _run_processes(ctx: Any, target: Callable[..., None], url: str, args: tuple[
                 p.kill()
 
 
-def _floor_process(conninfo: str, ready: Any, out: Any, async_commit: bool) -> None:
+def _floor_process(conninfo: str, ready: Barrier, out: Queue[EndReport], async_commit: bool) -> None:
     try:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             if async_commit:
                 conn.execute("SET synchronous_commit = off")
             ready.wait(timeout=120)
-            done: list[Any] = []
+            done: list[uuid.UUID] = []
             while True:
                 done = [r[0] for r in conn.execute(FLOOR_ROUND_TRIP, {"done": done, "n": FLOOR_BATCH}).fetchall()]
                 if not done:
@@ -246,7 +261,7 @@ def _floor_process(conninfo: str, ready: Any, out: Any, async_commit: bool) -> N
         out.put(f"{type(exc).__name__}: {exc}")
 
 
-def _product_process(url: str, ready: Any, out: Any) -> None:
+def _product_process(url: str, ready: Barrier, out: Queue[EndReport]) -> None:
     try:
         from batch_assets.db.engine import create_engine
         from batch_assets.domains.payments.handler import load_plugin
@@ -267,10 +282,10 @@ def _product_process(url: str, ready: Any, out: Any) -> None:
 class _StampHandler:
     """Reports (payment id, monotonic time) of every call to the parent."""
 
-    def __init__(self, out: Any) -> None:
+    def __init__(self, out: Queue[Stamp]) -> None:
         self.out = out
 
-    async def handle_async(self, claim: Any) -> Any:
+    async def handle_async(self, claim: Claim) -> Outcome:
         from batch_assets.domains.payments.handler import Outcome
 
         self.out.put((str(claim.id), time.monotonic()))
@@ -280,7 +295,7 @@ class _StampHandler:
         return None
 
 
-def _resident_process(url: str, ready: Any, out: Any, stop: Any) -> None:
+def _resident_process(url: str, ready: Barrier, out: Queue[Stamp], stop: Event) -> None:
     try:
         from batch_assets.db.engine import create_engine
         from batch_assets.domains.payments.queue import QueueSettings
@@ -288,7 +303,12 @@ def _resident_process(url: str, ready: Any, out: Any, stop: Any) -> None:
 
         engine = create_engine(url, pool_size=2)
         halt = threading.Event()
-        threading.Thread(target=lambda: (stop.wait(), halt.set()), daemon=True).start()
+
+        def relay_stop() -> None:  # the parent's process-shared event → the worker's thread event
+            stop.wait()
+            halt.set()
+
+        threading.Thread(target=relay_stop, daemon=True).start()
         ready.wait(timeout=120)
         run_worker(engine, QueueSettings.build(concurrency=8), handler=_StampHandler(out), stop=halt, drain=False)
         engine.dispose()
@@ -310,9 +330,9 @@ def _wait_listening(conninfo: str, deadline_s: float = 60) -> None:
     raise RuntimeError("the resident worker did not LISTEN within 60 s")
 
 
-def _pickup_latency(ctx: Any, url: str, conninfo: str, rows: _Rows, samples: int) -> list[float]:
+def _pickup_latency(ctx: SpawnContext, url: str, conninfo: str, rows: _Rows, samples: int) -> list[float]:
     ready = ctx.Barrier(2)
-    out = ctx.Queue()
+    out: Queue[Stamp] = ctx.Queue()
     stop = ctx.Event()
     proc = ctx.Process(target=_resident_process, args=(url, ready, out, stop), daemon=True)
     proc.start()
@@ -328,7 +348,7 @@ def _pickup_latency(ctx: Any, url: str, conninfo: str, rows: _Rows, samples: int
                 pid = str(rows.insert_one(conn))
                 while True:
                     got_id, at = out.get(timeout=30)
-                    if got_id == "error":
+                    if isinstance(at, str):  # ("error", message)
                         raise RuntimeError(f"resident worker failed: {at}")
                     if got_id == pid:
                         latencies.append(at - started)
@@ -344,7 +364,7 @@ def _pickup_latency(ctx: Any, url: str, conninfo: str, rows: _Rows, samples: int
 # --- the HTTP stub ------------------------------------------------------------------------------
 
 
-def _stub_process(port_out: Any, stop: Any, latency_s: float) -> None:
+def _stub_process(port_out: Queue[int], stop: Event, latency_s: float) -> None:
     """A keep-alive HTTP/1.1 server that answers every POST with 200 after `latency_s`."""
 
     async def serve() -> None:
@@ -380,7 +400,7 @@ def _stub_process(port_out: Any, stop: Any, latency_s: float) -> None:
     asyncio.run(serve())
 
 
-def _http_worker_process(url: str, ready: Any, out: Any, limits_url: str) -> None:
+def _http_worker_process(url: str, ready: Barrier, out: Queue[EndReport], limits_url: str) -> None:
     try:
         from batch_assets.db.engine import create_engine
         from batch_assets.domains.payments.handler import default_handler
@@ -398,15 +418,15 @@ def _http_worker_process(url: str, ready: Any, out: Any, limits_url: str) -> Non
         out.put(f"{type(exc).__name__}: {exc}")
 
 
-def _http_stub_case(ctx: Any, url: str) -> tuple[float, int]:
-    port_out = ctx.Queue()
+def _http_stub_case(ctx: SpawnContext, url: str) -> tuple[float, int]:
+    port_out: Queue[int] = ctx.Queue()
     stop = ctx.Event()
     stub = ctx.Process(target=_stub_process, args=(port_out, stop, HTTP_LATENCY_S), daemon=True)
     stub.start()
     try:
         port = port_out.get(timeout=60)
         ready = ctx.Barrier(2)
-        out = ctx.Queue()
+        out: Queue[EndReport] = ctx.Queue()
         limits_url = f"http://127.0.0.1:{port}/limits"
         proc = ctx.Process(target=_http_worker_process, args=(url, ready, out, limits_url), daemon=True)
         proc.start()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from batch_assets.domains.payments.errors import PermanentFailure
 from batch_assets.domains.payments.http11 import HttpError, PostClient
@@ -60,10 +60,30 @@ class Outcome:
 
 
 class Handler(Protocol):
-    """What the worker calls. `handle_async` (preferred) or `handle` (run on a thread pool);
-    `open` / `aclose` (optional coroutines) run on the worker's event loop around each run."""
+    """What the worker calls. `handle_async` (preferred, `AsyncHandler`) or `handle` (run on a thread
+    pool, `SyncHandler`); `open` / `aclose` (optional coroutines, `LoopResource`) run on the worker's
+    event loop around each run."""
 
     def close(self) -> None: ...
+
+
+# The worker tells these apart once per run (isinstance on a runtime-checkable protocol only looks
+# for the methods), never per payment.
+@runtime_checkable
+class AsyncHandler(Protocol):
+    async def handle_async(self, claim: Claim) -> Outcome: ...
+
+
+@runtime_checkable
+class SyncHandler(Protocol):
+    def handle(self, claim: Claim) -> Outcome: ...
+
+
+@runtime_checkable
+class LoopResource(Protocol):
+    async def open(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 def classify_status(status_code: int) -> Outcome:

@@ -7,6 +7,7 @@ import uuid
 
 import sqlalchemy as sa
 
+from batch_assets.db.engine import driver_connection
 from batch_assets.domains.payments import sql
 from batch_assets.errors import ConfigError
 
@@ -40,7 +41,7 @@ def copy_payments(
     rng = random.Random(seed) if seed is not None else random.SystemRandom()
     raw = engine.raw_connection()
     try:
-        with raw.driver_connection.cursor() as cur, cur.copy(sql.COPY_PAYMENTS) as copy:
+        with driver_connection(raw).cursor() as cur, cur.copy(sql.COPY_PAYMENTS) as copy:
             for _ in range(count):
                 copy.write_row((uuid.UUID(int=rng.getrandbits(128), version=4), rng.randint(lo, hi), priority))
         raw.commit()

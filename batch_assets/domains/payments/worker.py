@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +52,14 @@ import sqlalchemy as sa
 
 from batch_assets.db.engine import is_transient, translate_errors, unavailable
 from batch_assets.domains.payments import queue, sql
-from batch_assets.domains.payments.handler import Handler, Outcome, OutcomeKind
+from batch_assets.domains.payments.handler import (
+    AsyncHandler,
+    Handler,
+    LoopResource,
+    Outcome,
+    OutcomeKind,
+    SyncHandler,
+)
 from batch_assets.domains.payments.queue import Claim, QueueSettings, Result
 from batch_assets.errors import DatabaseUnavailable, error_text
 
@@ -263,6 +270,11 @@ def run_worker(
     return asyncio.run(worker.run())
 
 
+def _no_handle(claim: Claim) -> Outcome:
+    # A handler with neither entry point: each call fails like any handler bug (retried, counted).
+    raise AttributeError("the payment handler has neither handle_async nor handle")
+
+
 def _conninfo(engine: sa.Engine) -> str:
     return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
@@ -281,6 +293,9 @@ class _Worker:
         self.engine = engine
         self.settings = settings
         self.handler = handler
+        # Chosen once per run in `run`: the awaited entry point, else the one run on `pool`.
+        self.handle_async: Callable[[Claim], Awaitable[Outcome]] | None = None
+        self.handle_sync: Callable[[Claim], Outcome] = _no_handle
         self.stop = stop
         self.drain = drain
         self.progress = progress
@@ -328,11 +343,16 @@ class _Worker:
         listener = asyncio.create_task(self._listen())
         opened = False
         lanes: list[asyncio.Task[None]] = []
+        handler = self.handler
         try:
-            if hasattr(self.handler, "open"):
-                await self.handler.open()  # type: ignore[attr-defined]
+            if isinstance(handler, LoopResource):
+                await handler.open()
             opened = True
-            if not hasattr(self.handler, "handle_async"):
+            if isinstance(handler, AsyncHandler):
+                self.handle_async = handler.handle_async
+            else:
+                if isinstance(handler, SyncHandler):
+                    self.handle_sync = handler.handle
                 self.pool = ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix="payment")
             lanes = [asyncio.create_task(self._lane()) for _ in range(self.settings.concurrency)]
             # Claim only once the LISTEN is in place, so no insert falls between the first look and it.
@@ -352,8 +372,8 @@ class _Worker:
             watcher_done.set()
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
-            if opened and hasattr(self.handler, "aclose"):
-                await self.handler.aclose()  # type: ignore[attr-defined]
+            if opened and isinstance(handler, LoopResource):
+                await handler.aclose()
             if self.pool is not None:
                 self.pool.shutdown(wait=False, cancel_futures=True)
             await self.conn.close()
@@ -364,10 +384,10 @@ class _Worker:
         result.batch_size = self.batch.size
         if self.errors:
             result.status = "FAILURE"
-            exc = self.errors[0]
-            if isinstance(exc, psycopg.OperationalError):
-                raise unavailable(self.engine.url, exc) from None
-            raise exc
+            error = self.errors[0]
+            if isinstance(error, psycopg.OperationalError):
+                raise unavailable(self.engine.url, error) from None
+            raise error
         result.dlq_size = await asyncio.to_thread(queue.dlq_size, self.engine)
         if self.progress is not None:
             self.progress(result)
@@ -674,9 +694,9 @@ class _Worker:
         try:
             # One second over the handler's own timeout: a plug-in that hangs must not hold its lane.
             async with asyncio.timeout(settings.http_timeout_s + 1):
-                if self.pool is None:
-                    return await self.handler.handle_async(claim)  # type: ignore[attr-defined]
-                return await self.loop.run_in_executor(self.pool, self.handler.handle, claim)  # type: ignore[attr-defined]
+                if self.handle_async is not None:
+                    return await self.handle_async(claim)
+                return await self.loop.run_in_executor(self.pool, self.handle_sync, claim)
         except TimeoutError:
             return Outcome.retry("timeout", f"handler took longer than {settings.http_timeout_s + 1:g}s")
         except Exception as exc:  # a handler bug must not strand the row until its lease lapses

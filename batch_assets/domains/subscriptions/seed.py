@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from batch_assets.db.engine import driver_connection
 from batch_assets.errors import ConfigError
 
 AUDIT_COURSE_ID = -1
@@ -95,7 +96,7 @@ def seed_subscriptions(
     rng = random.Random(seed) if seed is not None else random.SystemRandom()
     raw = engine.raw_connection()
     try:
-        pg = raw.driver_connection
+        pg = driver_connection(raw)
         with pg.cursor() as cur:
             if failing_fraction > 0:
                 for ddl in DEMO_GUARD_DDL:

@@ -1,0 +1,163 @@
+"""Helpers shared by the test kinds: polling, stopping a process session, a local limits service.
+
+Importable as `helpers` from every test (tests/ is on sys.path: it holds the root conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+# --- polling ---------------------------------------------------------------------------------------
+
+
+class Watched(Protocol):
+    """A process a wait gives up on once it ended (acceptance `_cli.CliProcess`)."""
+
+    popen: subprocess.Popen[Any]
+
+    def running(self) -> bool: ...
+
+    def output(self) -> str: ...
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    *,
+    timeout: float = 10.0,
+    what: str = "condition",
+    interval: float = 0.05,
+    alive: Watched | None = None,
+) -> T:
+    """Poll `predicate` until it returns something truthy and return that; fail after `timeout` s
+    (or at once when `alive` ended)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if alive is not None and not alive.running():
+            raise AssertionError(f"the process ended (exit {alive.popen.returncode}) before {what}\n{alive.output()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)  # the polling interval, not a synchronisation
+
+
+# --- processes -------------------------------------------------------------------------------------
+
+
+def kill_session(popen: subprocess.Popen[Any]) -> None:
+    """SIGKILL the session `popen` leads (started with start_new_session=True: only processes started
+    by the test), then reap it."""
+    if popen.poll() is None:
+        try:
+            os.killpg(popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        popen.wait(timeout=30)
+
+
+# --- the job guard's settings ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuardCfg:
+    """The fields of locking.guard.GuardSettings, with the tests' defaults."""
+
+    lock_ttl_s: float = 30
+    lock_min_s: float = 0
+    lock_fail_open: bool = False
+    lease_ttl_s: float = 30
+    heartbeat_s: float = 5
+
+
+# --- a local limits service (CONTRACT §7) ----------------------------------------------------------
+
+
+class LimitsStub:
+    """A limits service on 127.0.0.1 for the payment handler, running inside `with`: every POST is
+    answered `respond(body)` (200 unless a test sets it) after waiting up to `delay_s` on `release`
+    (a slow service; set `release` to let calls through at once).
+
+    Records the calls: `keys` (Idempotency-Key, in order), `bodies`, `posts` (POSTs per
+    Idempotency-Key, i.e. per payment id) and `max_active` (calls in flight at once).
+    `keep_alive=True` answers HTTP/1.1, so the client may reuse its connections.
+    """
+
+    def __init__(
+        self,
+        *,
+        delay_s: float = 0.0,
+        respond: Callable[[dict[str, Any]], int] | None = None,
+        keep_alive: bool = False,
+    ) -> None:
+        self.delay_s = delay_s
+        self.respond: Callable[[dict[str, Any]], int] = respond or (lambda body: 200)
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.keys: list[str] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.posts: Counter[str] = Counter()
+        self.active = 0
+        self.max_active = 0
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.loads(raw) if raw else {}
+                key = self.headers.get("Idempotency-Key", "")
+                with stub.lock:
+                    stub.keys.append(key)
+                    stub.bodies.append(body)
+                    stub.posts[key] += 1
+                    stub.active += 1
+                    stub.max_active = max(stub.max_active, stub.active)
+                try:
+                    if stub.delay_s:
+                        stub.release.wait(timeout=stub.delay_s)
+                    status = stub.respond(body)
+                    self.send_response(status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                finally:
+                    with stub.lock:
+                        stub.active -= 1
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/limits"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def count(self, payment_id: object) -> int:
+        """POSTs so far for one payment."""
+        with self.lock:
+            return self.posts[str(payment_id)]
+
+    def __enter__(self) -> LimitsStub:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Release the calls still waiting, then shut the server down."""
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=10)
