@@ -105,7 +105,10 @@ def seed_subscriptions(
             first: dict[str, int] = {}
             for table, statement in _NEXT_ID_SQL.items():
                 cur.execute(statement)
-                first[table] = int(cur.fetchone()[0])
+                row = cur.fetchone()
+                if row is None:  # nextval always returns a row
+                    raise RuntimeError(f"no next id for {table}")
+                first[table] = int(row[0])
             sub_id, enr_id = first["subscriptions"], first["enrollments"]
             expired_seen = 0
             # One chunk at a time: COPY its subscriptions, then its enrollments (one COPY per
