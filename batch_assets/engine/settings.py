@@ -91,8 +91,11 @@ class SweepSettings:
         settings.validate()
         return settings
 
-    def validate(self) -> None:
-        """Raise `ConfigError(field=...)` for the first invalid value."""
+    def validate(self, *, max_page_size: int = MAX_PAGE_SIZE) -> None:
+        """Raise `ConfigError(field=...)` for the first invalid value.
+
+        `max_page_size` replaces MAX_PAGE_SIZE for a sweep whose write statement carries more keys.
+        """
         for name in ("page_size", "workers", "window", "breaker_min_rows", "summary_every_pages", "pool_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -117,7 +120,7 @@ class SweepSettings:
             math.isfinite(self.lock_min_s) and self.lock_min_s >= 0
         ):
             raise ConfigError(f"must be a number >= 0, got {self.lock_min_s!r}", field="lock_min_s")
-        for name, maximum in MAXIMA.items():
+        for name, maximum in {**MAXIMA, "page_size": max_page_size}.items():
             value = getattr(self, name)
             if value > maximum:
                 raise ConfigError(f"must be at most {maximum}, got {value!r}", field=name)

@@ -96,6 +96,8 @@ def seed_subscriptions(
     raw = engine.raw_connection()
     try:
         pg = raw.driver_connection
+        if pg is None:  # a pooled connection always has its driver connection while checked out
+            raise RuntimeError("no driver connection")
         with pg.cursor() as cur:
             if failing_fraction > 0:
                 for ddl in DEMO_GUARD_DDL:
