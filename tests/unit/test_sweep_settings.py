@@ -40,3 +40,14 @@ def test_invalid_values_name_their_field(kwargs: dict, field: str) -> None:
 def test_connection_budget_fits_exactly() -> None:
     """workers + prefetch + side-effect + heartbeat may use the whole pool, not more."""
     assert SweepSettings.build(workers=7, pool_size=10).connections_needed == 10
+
+
+def test_a_definition_may_allow_larger_pages() -> None:
+    """validate(max_page_size=...) replaces the 1,000 bound for a sweep whose write carries more keys."""
+    settings = SweepSettings(page_size=5000)
+    with pytest.raises(ConfigError) as info:
+        settings.validate()
+    assert info.value.field == "page_size"
+    settings.validate(max_page_size=10_000)
+    with pytest.raises(ConfigError):
+        settings.validate(max_page_size=4999)
