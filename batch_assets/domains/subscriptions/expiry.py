@@ -170,7 +170,7 @@ class ExpiryResult:
             summary["error"] = self.error
         return summary
 
-    def count(self, counters: Mapping[str, Any]) -> None:
+    def take_counters(self, counters: Mapping[str, Any]) -> None:
         """Take the engine's counters (a progress snapshot or a finished run's)."""
         self.max_batch_rows = max(self.max_batch_rows, counters["scanned"] - self.scanned)
         self.scanned = counters["scanned"]
@@ -235,7 +235,7 @@ def run_expiry(
     result = ExpiryResult(run_date=run_date, mode=mode)
 
     def on_batch(counters: dict[str, Any]) -> None:
-        result.count(counters)
+        result.take_counters(counters)
         result.duration_s = time.monotonic() - started
         if progress is not None:
             progress(result)
@@ -249,7 +249,7 @@ def run_expiry(
         stop=stop,
         progress=on_batch,
     )
-    result.count({**sweep.to_summary(), "extra": sweep.extra, "retries": sweep.retries})
+    result.take_counters({**sweep.to_summary(), "extra": sweep.extra, "retries": sweep.retries})
     result.exhausted, result.exhausted_ids = definition.exhausted, list(definition.exhausted_ids)
     lost = guard.lost if isinstance(guard, _LockedRunGuard) else None
     result.stopped_by, result.error = _why_stopped(engine, sweep, stop, lost)
