@@ -32,13 +32,11 @@ def run_demo(
     from batch_assets.crypto import cipher_from_settings
     from batch_assets.db.engine import connected_engine, describe_target
     from batch_assets.db.migrate import migrate
-    from batch_assets.orchestration.config import (
-        ExpiryConfig,
-        OutboxRelayConfig,
-        QueueDrainConfig,
-        SweepConfig,
-        today_in,
-    )
+    from batch_assets.domains.customer_status.dagster import SweepConfig
+    from batch_assets.domains.outbox.dagster import OutboxRelayConfig
+    from batch_assets.domains.payments.dagster import QueueDrainConfig
+    from batch_assets.domains.subscriptions.dagster import ExpiryConfig
+    from batch_assets.orchestration.config import today_in
 
     run_date = today_in(settings.timezone)
     cipher = cipher_from_settings(settings)

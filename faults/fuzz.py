@@ -144,9 +144,9 @@ def run_config_fuzz() -> list[dict[str, Any]]:
     import pydantic
 
     from batch_assets.errors import BatchAssetsError
-    from batch_assets.orchestration.config import CONFIG_CLASSES
+    from batch_assets.orchestration.registry import SPECS
 
-    classes = CONFIG_CLASSES.values() if isinstance(CONFIG_CLASSES, dict) else CONFIG_CLASSES
+    classes = [spec.config for spec in SPECS]
     results = []
     seen: set[type] = set()
     for cls in classes:
@@ -158,9 +158,7 @@ def run_config_fuzz() -> list[dict[str, Any]]:
                 shown = value if not isinstance(value, str) or len(value) < 20 else f"{value[:6]}…({len(value)} chars)"
                 try:
                     config = cls(**{name: value})
-                    config.to_engine_settings()
-                    if hasattr(config, "validate_config"):
-                        config.validate_config()
+                    config.to_settings()
                 except (pydantic.ValidationError, BatchAssetsError, ValueError):
                     results.append({"case": f"{cls.__name__}.{name}={shown!r}", "ok": True})
                     continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from batch_assets.cli.output import EXIT_BY_STATUS, SUMMARY_KEYS, emit, err
 from batch_assets.errors import (
@@ -13,6 +13,10 @@ from batch_assets.settings import Settings
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
+
+    from batch_assets.orchestration.config import JobConfig
+
+C = TypeVar("C", bound="JobConfig")
 
 
 def check_connection_budget(engine: sa.Engine, needed: int) -> None:
@@ -28,22 +32,11 @@ def check_connection_budget(engine: sa.Engine, needed: int) -> None:
         )
 
 
-def build_config(cls: type, **values: Any) -> Any:
-    """Build a run-config object and validate it fully; errors name the field (exit 2)."""
-    import pydantic
-
-    clean = {k: v for k, v in values.items() if v is not None}
-    try:
-        config = cls(**clean)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first.get("loc", ())) or None
-        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-        if field and message.startswith(f"{field}: "):
-            message = message[len(field) + 2:]
-        raise ConfigError(message, field=field) from None
-    config.to_engine_settings()
-    return config
+def build_config(cls: type[C], **values: Any) -> tuple[C, Any]:
+    """The job's run config from the command's options (None = not given), validated once: the config
+    object and its settings (`to_settings()`); a bad value is a ConfigError naming the field (exit 2)."""
+    config = cls.from_values(values)
+    return config, config.to_settings()
 
 
 def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any] | None = None) -> int:

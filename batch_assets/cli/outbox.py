@@ -17,9 +17,9 @@ from batch_assets.settings import Settings
 
 
 def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.config import OutboxRelayConfig
+    from batch_assets.domains.outbox.dagster import OutboxRelayConfig
 
-    config = build_config(
+    config, _ = build_config(
         OutboxRelayConfig, batch_size=args.batch_size, follow=args.follow or None, follow_seconds=args.max_seconds
     )
     connected_engine(settings)

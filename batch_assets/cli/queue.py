@@ -37,10 +37,10 @@ def cmd_queue_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.domains.payments.dagster import QueueDrainConfig
     from batch_assets.domains.payments.handler import load_plugin, plugin_spec_from_environment
-    from batch_assets.orchestration.config import QueueDrainConfig
 
-    config = build_config(QueueDrainConfig, concurrency=args.concurrency, max_seconds=args.max_seconds,
+    config, _ = build_config(QueueDrainConfig, concurrency=args.concurrency, max_seconds=args.max_seconds,
                           drain=bool(args.drain), db_outage_s=args.db_outage_s)
     spec = plugin_spec_from_environment()
     if spec:

@@ -19,10 +19,10 @@ from batch_assets.settings import Settings
 
 
 def cmd_subscriptions_expire(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.config import ExpiryConfig
+    from batch_assets.domains.subscriptions.dagster import ExpiryConfig
 
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
-    config = build_config(ExpiryConfig, run_date=run_date.isoformat(), retry_failed=args.retry_failed,
+    config, _ = build_config(ExpiryConfig, run_date=run_date.isoformat(), retry_failed=args.retry_failed,
                            allow_distant_run_date=args.allow_distant_run_date or None)
     connected_engine(settings)
     return run_job("subscription_expiry_job", config, settings, {"run_date": run_date})

@@ -22,10 +22,10 @@ from batch_assets.settings import Settings
 
 
 def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.config import SweepConfig
+    from batch_assets.domains.customer_status.dagster import SweepConfig
 
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
-    config = build_config(
+    config, plan = build_config(
         SweepConfig,
         mode=args.mode,
         run_date=run_date.isoformat(),
@@ -39,15 +39,15 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
     # Checked before launching: a missing or malformed key is exit 2, nothing read; so is a
     # connection budget the server cannot give.
     cipher_from_settings(settings)
-    check_connection_budget(connected_engine(settings), config.to_engine_settings().engine.connections_needed)
+    check_connection_budget(connected_engine(settings), plan.engine.connections_needed)
     return run_job("customer_status_sweep_job", config, settings, {"mode": args.mode, "run_date": run_date})
 
 
 
 def register(sub: Any) -> None:
     """sweep customer-status"""
+    from batch_assets.domains.customer_status.dagster import MAX_RANGES
     from batch_assets.engine.settings import MAXIMA
-    from batch_assets.orchestration.config import MAX_RANGES
 
     sweep = sub.add_parser("sweep", help="run a sweep").add_subparsers(dest="sweep_name", required=True)
     cs = sweep.add_parser("customer-status", help="the customer-status sweep (CONTRACT §5)")

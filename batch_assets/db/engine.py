@@ -87,6 +87,17 @@ def connected_engine(settings: Settings) -> sa.Engine:
     return engine
 
 
+@contextmanager
+def one_off_engine(settings: Settings) -> Iterator[sa.Engine]:
+    """A one-connection engine for a short piece of work outside a run (reading a run's summary, giving
+    back a failed run's lock), disposed afterwards so nothing lingers in the calling process."""
+    engine = create_engine(resolve_database_url(settings), pool_size=1, max_overflow=0)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def dispose_engines() -> None:
     with _engines_lock:
         for engine in _engines.values():

@@ -237,7 +237,8 @@ class SweepDefinition(WritePlan):
 
 
 class CheckpointLike(Protocol):
-    cursor: Any
+    @property
+    def cursor(self) -> Any: ...
 
 
 class CheckpointStoreLike(Protocol):

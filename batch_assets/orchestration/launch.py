@@ -27,25 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import pydantic
 import sqlalchemy as sa
 
 import batch_assets
 from batch_assets import run_history
-from batch_assets.db.engine import create_engine, is_transient, normalize_url, resolve_database_url
+from batch_assets.db.engine import is_transient, one_off_engine
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text, first_line
-from batch_assets.orchestration.config import CONFIG_CLASSES
+from batch_assets.orchestration.config import JobConfig
+from batch_assets.orchestration.registry import op_jobs, spec_for
+from batch_assets.orchestration.spec import JobSpec
 from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
 
 EXECUTORS = ("in_process", "multiprocess", "celery")
-CONFIG_OP = {
-    "customer_status_sweep_job": "plan_sweep",
-    "customer_status_sweep_celery_job": "plan_sweep",
-    "subscription_expiry_job": "expire_subscriptions",
-    "payment_queue_drain_job": "drain_payment_queue",
-    "outbox_relay_job": "relay_outbox_events",
-}
-CELERY_VARIANT = {"customer_status_sweep_job": "customer_status_sweep_celery_job"}
 SQLITE_TEMPLATE = "dagster.yaml"
 log = logging.getLogger(__name__)
 POSTGRES_TEMPLATE = "dagster.postgres.yaml"
@@ -132,48 +125,42 @@ def get_job(job_name: str) -> dg.JobDefinition:
 
     Resources are built at call time, so they follow this process's environment.
     """
-    from batch_assets.orchestration.jobs import JOBS
     from batch_assets.orchestration.resources import default_resources
 
-    jobs = [job for job in JOBS if job.name == job_name]
+    jobs = [job for job in op_jobs() if job.name == job_name]
     if not jobs:
         raise ConfigError(f"unknown job {job_name!r}", field="job")
     return dg.Definitions(jobs=jobs, resources=default_resources()).resolve_job_def(job_name)
 
 
-def _validated_op_config(job_name: str, config: Any) -> dict[str, Any]:
-    """The op config as a plain dict, validated as the CLI does it: ConfigError naming the field."""
-    cls = CONFIG_CLASSES.get(job_name)
-    if cls is None:
-        raise ConfigError(f"unknown job {job_name!r}", field="job")
-    if config is None:
-        config = cls()
-    elif isinstance(config, Mapping):
-        try:
-            config = cls(**dict(config))
-        except pydantic.ValidationError as exc:
-            first = exc.errors()[0]
-            field = ".".join(str(p) for p in first.get("loc", ())) or None
-            raise ConfigError(str(first.get("msg", "invalid value")), field=field) from None
+def validated_config(job_name: str, config: JobConfig | Mapping[str, Any] | None) -> tuple[JobConfig, Any]:
+    """The job's config object and its validated settings (`to_settings()`, the one validation).
+
+    `config` is the job's `JobConfig`, a dict of its fields, or None for the defaults; a bad value is
+    a ConfigError naming the field, raised before anything runs.
+    """
+    cls = spec_for(job_name).config
+    if config is None or isinstance(config, Mapping):
+        config = cls.from_values(config)
     elif not isinstance(config, cls):
         raise ConfigError(f"expected {cls.__name__}, got {type(config).__name__}", field="config")
-    config.to_engine_settings()
-    return config.model_dump()
+    return config, config.to_settings()
 
 
 def build_run_config(
     job_name: str,
-    config: Any,
+    config: JobConfig,
     *,
     executor: str = "in_process",
     max_concurrent: int | None = None,
     executor_config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run config for `job_name`: the job's op config, the executor and a WARNING console logger."""
-    if executor not in EXECUTORS:
+    """Run config for `job_name`: the job's (validated) op config, the executor and a WARNING console logger."""
+    spec = spec_for(job_name)
+    if executor not in (*EXECUTORS, *spec.variants):
         raise ConfigError(f"must be one of {', '.join(EXECUTORS)}, got {executor!r}", field="executor")
     run_config: dict[str, Any] = {
-        "ops": {CONFIG_OP[job_name]: {"config": _validated_op_config(job_name, config)}},
+        "ops": {spec.config_op: {"config": config.model_dump()}},
         "loggers": {"console": {"config": {"log_level": "WARNING"}}},
     }
     if executor == "in_process":
@@ -197,15 +184,23 @@ def launch_job(
 ) -> LaunchResult:
     """Run `job_name` as a Dagster run on the instance and return its run id, status and summary.
 
-    `config` is the job's `dg.Config` object (SweepConfig, ExpiryConfig, ...) or a dict of its fields.
+    `config` is the job's `JobConfig` (SweepConfig, ExpiryConfig, ...), a dict of its fields or None;
+    the CLI passes the object it validated, which is not validated again here.
     `executor`: "in_process" (the CLI), "multiprocess" (ranges in parallel processes, at most
     `max_concurrent`) or "celery" (the sweep's ranges on celery workers; `executor_config`
     may set {"broker": "redis://..."}).
     Raises ConfigError (naming the field) before anything runs when the config is invalid.
     """
-    name = CELERY_VARIANT.get(job_name, job_name) if executor == "celery" else job_name
-    if executor == "celery" and name not in CELERY_VARIANT.values():
-        raise ConfigError(f"{job_name} has no celery variant", field="executor")
+    spec = spec_for(job_name)
+    name = job_name
+    if executor in spec.variants:
+        name = spec.variants[executor].name
+    elif executor not in ("in_process", "multiprocess"):
+        raise ConfigError(f"{job_name} has no {executor} variant", field="executor")
+    if not isinstance(config, JobConfig) or isinstance(config, Mapping):
+        config, _ = validated_config(job_name, config)
+    elif not isinstance(config, spec.config):
+        raise ConfigError(f"expected {spec.config.__name__}, got {type(config).__name__}", field="config")
     run_config = build_run_config(
         name, config, executor=executor, max_concurrent=max_concurrent, executor_config=executor_config
     )
@@ -227,9 +222,8 @@ def launch_job(
         except Exception as exc:  # the run started (or not) and its execution broke: report it, with its id
             launched = _crashed_launch(instance, launch_id, exc)
         else:
-            launched = _result_of(instance, result, settings)
-    if launched.dagster_status != "SUCCESS" and name in SWEEP_JOBS:
-        release_after_failure(launched.run_id, settings)
+            launched = _result_of(instance, result, settings, spec)
+    _release_after_failure(spec, launched, launched.run_id, settings)
     return launched
 
 
@@ -248,29 +242,10 @@ def _crashed_launch(instance: dg.DagsterInstance, launch_id: str, exc: Exception
     return LaunchResult(run_id=run.run_id, dagster_status=run.status.value, summary=summary)
 
 
-SWEEP_JOBS = ("customer_status_sweep_job", "customer_status_sweep_celery_job")
-
-
-def release_after_failure(root_run_id: str, settings: Settings) -> None:
-    """A failed sweep run (breaker, SIGTERM, lost lease, defect) gives back what it still holds.
-
-    Best effort: with the database or the lock store down, lease and lock expire on their own
-    (and a dead holder is taken over at once), and the run's outcome must still be reported.
-    """
-    from batch_assets.locking.lock import make_job_lock
-    from batch_assets.locking.run_guard import release_failed_run
-    from batch_assets.orchestration.ops.sweep import SWEEP_JOB_KEY
-
-    try:
-        url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
-        engine = create_engine(url, pool_size=1, max_overflow=0)
-        try:
-            release_failed_run(engine, make_job_lock(engine, settings.redis_url), job_key=SWEEP_JOB_KEY,
-                               root_run_id=root_run_id)
-        finally:
-            engine.dispose()
-    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
-        log.warning("run %s: lock and lease not released, they will expire: %s", root_run_id, error_text(exc))
+def _release_after_failure(spec: JobSpec, launched: LaunchResult, root_run_id: str, settings: Settings) -> None:
+    """A run that did not succeed gives back the lock and lease it may still hold (jobs that hold one)."""
+    if launched.dagster_status != "SUCCESS" and spec.release_after_failure is not None:
+        spec.release_after_failure(root_run_id, settings)
 
 
 def reexecute_from_failure(
@@ -300,27 +275,25 @@ def reexecute_from_failure(
                 reexecution_options=dg.ReexecutionOptions.from_failure(run_id, instance),
             )
         )
-        launched = _result_of(instance, result, settings)
-    if launched.dagster_status != "SUCCESS" and parent.job_name in SWEEP_JOBS:
-        release_after_failure(parent.root_run_id or parent.run_id, settings)
+        launched = _result_of(instance, result, settings, spec_for(parent.job_name))
+    _release_after_failure(spec_for(parent.job_name), launched, parent.root_run_id or parent.run_id, settings)
     return launched
 
 
-MAPPED_RANGE_OP = "sweep_range"
-"""The op a sweep maps over its cursor ranges: an unfinished step of it is an unfinished range."""
 SUMMARY_READ_ATTEMPTS = 5
 
 
-def _result_of(instance: dg.DagsterInstance, result: Any, settings: Settings) -> LaunchResult:
+def _result_of(instance: dg.DagsterInstance, result: Any, settings: Settings, spec: JobSpec) -> LaunchResult:
     run_id = result.run_id
     run = instance.get_run_by_id(run_id)
     status = run.status.value if run is not None else ("SUCCESS" if result.success else "FAILURE")
     try:
-        summary = read_summary(run_id, settings)
+        summary = read_summary(run_id, settings, spec)
         read_error = None
     except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
         summary, read_error = None, f"the run's summary could not be read: {error_text(exc)}"
-    summary = reconcile(summary, run_id=run_id, dagster_status=status, steps=step_outcomes(result.all_events),
+    summary = reconcile(summary, run_id=run_id, dagster_status=status,
+                        steps=step_outcomes(result.all_events, spec.mapped_op),
                         error=_error_of(result) or read_error)
     return LaunchResult(run_id=run_id, dagster_status=status, summary=summary)
 
@@ -331,13 +304,23 @@ class StepOutcomes:
 
     planned: tuple[str, ...]
     succeeded: frozenset[str]
+    mapped_op: str | None = None
+    """The op the job maps over cursor ranges (its JobSpec's `mapped_op`): its unfinished steps are ranges."""
 
     @property
     def unfinished(self) -> list[str]:
         return [key for key in self.planned if key not in self.succeeded]
 
+    @property
+    def unfinished_ranges(self) -> list[str]:
+        """Mapping keys of the unfinished steps of the mapped op."""
+        if not self.mapped_op:
+            return []
+        prefix = f"{self.mapped_op}["
+        return [key[len(prefix):-1] for key in self.unfinished if key.startswith(prefix)]
 
-def step_outcomes(events: Sequence[Any]) -> StepOutcomes:
+
+def step_outcomes(events: Sequence[Any], mapped_op: str | None) -> StepOutcomes:
     """Every step that started, failed, was skipped or was mapped by a dynamic output, and those that succeeded.
 
     A mapped range that never started (its run died first) is still planned: its mapping key
@@ -356,9 +339,9 @@ def step_outcomes(events: Sequence[Any]) -> StepOutcomes:
             succeeded.add(key)
         if event.is_successful_output:
             mapping_key = getattr(event.step_output_data, "mapping_key", None)
-            if mapping_key:
-                planned.setdefault(f"{MAPPED_RANGE_OP}[{mapping_key}]")
-    return StepOutcomes(tuple(planned), frozenset(succeeded))
+            if mapping_key and mapped_op:
+                planned.setdefault(f"{mapped_op}[{mapping_key}]")
+    return StepOutcomes(tuple(planned), frozenset(succeeded), mapped_op)
 
 
 def reconcile(
@@ -392,7 +375,7 @@ def reconcile(
         merged["dagster_status"] = dagster_status
     if unfinished:
         merged["unfinished_steps"] = unfinished
-        ranges = [key[len(MAPPED_RANGE_OP) + 1:-1] for key in unfinished if key.startswith(f"{MAPPED_RANGE_OP}[")]
+        ranges = steps.unfinished_ranges
         if ranges:
             merged["unfinished_ranges"] = ranges
             note = f"{len(ranges)} range(s) did not finish: {', '.join(ranges)}"
@@ -401,7 +384,7 @@ def reconcile(
     return merged
 
 
-def read_summary(run_id: str, settings: Settings) -> dict[str, Any] | None:
+def read_summary(run_id: str, settings: Settings, spec: JobSpec) -> dict[str, Any] | None:
     """The run's summary from run history, or None.
 
     The final op's record when there is one; a mapped sweep that failed has no final op, only
@@ -409,18 +392,14 @@ def read_summary(run_id: str, settings: Settings) -> dict[str, Any] | None:
     up) and `reconcile` accounts for the ranges that recorded nothing. A database that is
     restarting is waited for a few seconds before this gives up.
     """
-    url = normalize_url(settings.database_url) if settings.database_url else resolve_database_url(settings)
-    engine = create_engine(url, pool_size=1, max_overflow=0)
-    try:
+    with one_off_engine(settings) as engine:
         records = _with_db_retries(lambda: run_history.all_for_run(engine, run_id))
-    finally:
-        engine.dispose()
     if not records:
         return None
     final = [r for r in records if "range" not in r]
-    if final or len(records) == 1:
+    if final or len(records) == 1 or spec.merge_records is None:
         return dict((final or records)[-1])
-    return merge_range_records(records)
+    return spec.merge_records(records)
 
 
 def _with_db_retries(work: Any, attempts: int = SUMMARY_READ_ATTEMPTS) -> Any:
@@ -434,22 +413,6 @@ def _with_db_retries(work: Any, attempts: int = SUMMARY_READ_ATTEMPTS) -> Any:
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
-
-
-def merge_range_records(records: list[dict[str, Any]]) -> dict[str, Any]:
-    from batch_assets.orchestration.ops.sweep import merge_summaries
-
-    merged = merge_summaries(records)
-    first = records[0]
-    merged.update(
-        run_id=first.get("run_id"),
-        mode=first.get("mode"),
-        run_date=first.get("run_date"),
-        duration_s=max(float(r.get("duration_s") or 0) for r in records),
-        error="; ".join(str(r["error"]) for r in records if r.get("error")) or None,
-        resumable=merged["status"] != "SUCCESS",
-    )
-    return merged
 
 
 def _error_of(result: Any) -> str | None:

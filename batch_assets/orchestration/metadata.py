@@ -13,6 +13,8 @@ import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
 
+from batch_assets.orchestration.resources import DatabaseResource
+
 NUMERIC_KEYS = ("scanned", "changed", "unchanged", "failed")
 
 
@@ -49,3 +51,39 @@ def records_table(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) 
     """A list of dicts (e.g. one per cursor range) as a table of the given columns."""
     frame = pd.DataFrame([{c: r.get(c) for c in columns} for r in records], columns=list(columns))
     return frame_table(frame)
+
+
+BUSINESS_TABLES = "business_tables"
+"""The asset group of the tables other services write (observable source assets)."""
+
+
+def observe_table(engine: sa.Engine, query: str) -> dg.ObserveResult:
+    """Row counts by status (a (status, n, latest) query) as metadata; the data version changes whenever they do."""
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(query).all()
+    counts = {str(r.status): int(r.n) for r in rows}
+    latest = max((r.latest for r in rows if r.latest), default="")
+    version = ";".join(f"{k}={v}" for k, v in sorted(counts.items())) + f";{latest}"
+    body = "\n".join(f"| {k} | {v:,} |" for k, v in sorted(counts.items()))
+    return dg.ObserveResult(
+        data_version=dg.DataVersion(version),
+        metadata={
+            "rows": sum(counts.values()),
+            "rows_by_status": dg.MetadataValue.md("| status | rows |\n|---|---:|\n" + (body or "| (none) | 0 |")),
+        },
+    )
+
+
+def observable_table(table: str, query: str, description: str) -> dg.SourceAsset:
+    """An observable source asset for a business table; `query` is a module constant, never input."""
+    @dg.observable_source_asset(name=table, group_name=BUSINESS_TABLES, description=description)
+    def _observe(database: DatabaseResource) -> dg.ObserveResult:
+        return observe_table(database.get_engine(), query)
+
+    return _observe
+
+
+def status_counts(engine: sa.Engine, table: str) -> tuple[dict[str, int], dg.MetadataValue]:
+    """Rows of `table` (a module constant, never input) by status, as numbers and as a table."""
+    query = sa.text(f"SELECT status, count(*) AS n FROM {table} GROUP BY status ORDER BY status")  # noqa: S608
+    return counts_table(engine, query, label="status")

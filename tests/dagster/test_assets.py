@@ -17,13 +17,11 @@ import sqlalchemy as sa
 from batch_assets import run_history
 from batch_assets.crypto import DobCipher
 from batch_assets.definitions import defs as load_defs
+from batch_assets.domains.customer_status.dagster import RULES_KEY_TAG, SweepConfig, sweep_run_config
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
 from batch_assets.domains.customer_status.seed import seed_customers
-from batch_assets.orchestration.config import SweepConfig
 from batch_assets.orchestration.resources import DatabaseResource
-from batch_assets.orchestration.schedules import sweep_run_config
-from batch_assets.orchestration.sensors import RULES_KEY_TAG
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]

@@ -8,7 +8,10 @@ import dagster as dg
 import pytest
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.orchestration.config import ExpiryConfig, OutboxRelayConfig, QueueDrainConfig, SweepConfig
+from batch_assets.domains.customer_status.dagster import SweepConfig
+from batch_assets.domains.outbox.dagster import OutboxRelayConfig
+from batch_assets.domains.payments.dagster import QueueDrainConfig
+from batch_assets.domains.subscriptions.dagster import ExpiryConfig
 from batch_assets.settings import load_settings
 
 pytestmark = pytest.mark.dagster
@@ -113,13 +116,13 @@ def test_daily_delta_schedule_requests_the_tick_date_with_a_run_key(defs: dg.Def
 
 
 def test_config_classes_name_the_invalid_field() -> None:
-    """to_engine_settings raises ConfigError naming the field; zero means the default."""
+    """to_settings raises ConfigError naming the field; zero means the default."""
     from batch_assets.errors import ConfigError
 
-    assert SweepConfig(mode="full").to_engine_settings().ranges == 4
-    assert SweepConfig(mode="delta", ranges=8).to_engine_settings().ranges == 1
-    assert SweepConfig(workers=12).to_engine_settings().engine.pool_size == 15
-    assert OutboxRelayConfig().to_engine_settings().batch_size == 500
+    assert SweepConfig(mode="full").to_settings().ranges == 4
+    assert SweepConfig(mode="delta", ranges=8).to_settings().ranges == 1
+    assert SweepConfig(workers=12).to_settings().engine.pool_size == 15
+    assert OutboxRelayConfig().to_settings().batch_size == 500
     cases = [
         (SweepConfig.model_construct(page_size=5000), "page_size"),
         (SweepConfig.model_construct(mode="weekly"), "mode"),
@@ -133,7 +136,7 @@ def test_config_classes_name_the_invalid_field() -> None:
     ]
     for config, field in cases:
         with pytest.raises(ConfigError) as info:
-            config.to_engine_settings()
+            config.to_settings()
         assert info.value.field == field, config
 
 

@@ -7,9 +7,12 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets import run_history
+from batch_assets.domains.customer_status.dagster import SweepConfig
+from batch_assets.domains.outbox.dagster import OutboxRelayConfig
+from batch_assets.domains.payments.dagster import QueueDrainConfig
+from batch_assets.domains.subscriptions.dagster import ExpiryConfig
 from batch_assets.errors import ConfigError
 from batch_assets.locking.lock import PostgresJobLock
-from batch_assets.orchestration.config import ExpiryConfig, OutboxRelayConfig, QueueDrainConfig, SweepConfig
 from batch_assets.orchestration.launch import ensure_instance, get_job, launch_job, reexecute_from_failure
 from batch_assets.settings import Settings
 

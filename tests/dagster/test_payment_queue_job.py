@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.domains.payments import queue
-from batch_assets.orchestration.config import QueueDrainConfig
+from batch_assets.domains.payments.dagster import QueueDrainConfig
 from batch_assets.orchestration.launch import launch_job
 from batch_assets.settings import Settings
 

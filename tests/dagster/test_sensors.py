@@ -14,10 +14,9 @@ import sqlalchemy as sa
 from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
-from batch_assets.orchestration.jobs import payment_queue_drain_job
+from batch_assets.domains.payments.dagster import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_job
 from batch_assets.orchestration.launch import get_job
 from batch_assets.orchestration.resources import DatabaseResource
-from batch_assets.orchestration.sensors import QUEUE_DRAIN_INTERVAL_S
 from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster
@@ -76,7 +75,7 @@ def _succeed(instance: dg.DagsterInstance, engine: sa.Engine, request: dg.RunReq
     from datetime import UTC, datetime
 
     from batch_assets import run_history
-    from batch_assets.orchestration.jobs import customer_status_sweep_job
+    from batch_assets.domains.customer_status.dagster import customer_status_sweep_job
 
     run = instance.create_run_for_job(job_def=customer_status_sweep_job, status=dg.DagsterRunStatus.SUCCESS,
                                       tags=request.tags)

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.domains.customer_status import job as customer_status_job
-from batch_assets.orchestration.config import SweepConfig
+from batch_assets.domains.customer_status.dagster import SweepConfig
 from batch_assets.orchestration.launch import StepOutcomes, launch_job, reconcile
 from batch_assets.settings import Settings
 
@@ -48,7 +48,7 @@ def test_a_range_that_crashed_makes_the_run_failure_and_names_the_range(
 def test_reconcile_trusts_the_dagster_status_over_a_success_summary() -> None:
     """Recorded SUCCESS + a FAILURE run with an unstarted range: FAILURE naming the range."""
     steps = StepOutcomes(("plan_sweep", "sweep_range[r000_of_002]", "sweep_range[r001_of_002]"),
-                         frozenset({"plan_sweep", "sweep_range[r000_of_002]"}))
+                         frozenset({"plan_sweep", "sweep_range[r000_of_002]"}), mapped_op="sweep_range")
     merged = reconcile({"status": "SUCCESS", "scanned": 10, "run_id": None}, run_id="abc",
                        dagster_status="FAILURE", steps=steps, error="boom")
     assert merged["status"] == "FAILURE" and merged["run_id"] == "abc"

@@ -11,8 +11,8 @@ import pytest
 import redis
 import sqlalchemy as sa
 
+from batch_assets.domains.outbox.relay import JsonLinesSink, OutboxEvent, RedisStreamSink, make_sink, relay_outbox
 from batch_assets.errors import ConfigError
-from batch_assets.outbox.relay import JsonLinesSink, OutboxEvent, RedisStreamSink, make_sink, relay_outbox
 from batch_assets.settings import load_settings
 
 pytestmark = pytest.mark.integration
@@ -145,7 +145,7 @@ import socket  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-from batch_assets.outbox.relay import RelaySettings, follow_outbox, relay_batch  # noqa: E402
+from batch_assets.domains.outbox.relay import RelaySettings, follow_outbox, relay_batch  # noqa: E402
 
 
 class RecordingSink:
@@ -311,7 +311,7 @@ def test_follow_with_the_sink_down_then_hanging_holds_no_transaction_and_loses_n
 
 def test_an_insert_of_events_notifies_the_relay_and_an_empty_insert_does_not(engine: sa.Engine) -> None:
     """The statement trigger NOTIFYs batch_assets_outbox once per inserting statement, never for zero rows."""
-    from batch_assets.outbox.relay import NOTIFY_CHANNEL
+    from batch_assets.domains.outbox.relay import NOTIFY_CHANNEL
 
     raw = engine.raw_connection()
     try:

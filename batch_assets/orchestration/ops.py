@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from batch_assets import run_history
 from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
 from batch_assets.errors import ConfigError
-from batch_assets.orchestration.config import today_in
+from batch_assets.orchestration.config import JobConfig, today_in
 from batch_assets.run_history import empty_summary
 from batch_assets.settings import load_settings
 from batch_assets.shutdown import STOP
@@ -31,10 +31,14 @@ def config_failure(exc: ConfigError) -> dg.Failure:
     )
 
 
-def validated_plan(config: Any, *checks: Callable[[], object]) -> Any:
-    """`config.to_engine_settings()` plus any extra checks; a ConfigError becomes `config_failure`."""
+def validated_plan(config: JobConfig, *checks: Callable[[], object]) -> Any:
+    """`config.to_settings()` plus any extra checks; a ConfigError becomes `config_failure`.
+
+    The first op of every job calls it before any read or write: a run launched from the UI, a
+    schedule or a sensor gets exactly the validation the CLI ran before launching.
+    """
     try:
-        plan = config.to_engine_settings()
+        plan = config.to_settings()
         for check in checks:
             check()
     except ConfigError as exc:

@@ -1,0 +1,791 @@
+"""The customer-status sweep in Dagster: its config, ops, graph, jobs, assets, checks, schedules and sensor.
+
+plan_sweep         validates config, fixes the run date once, takes lock + lease as the run's
+                   owner and maps one `RangeTask` per UUID cursor range (delta: one range);
+sweep_range        (mapped) joins the run's lock and lease, runs the engine on its range
+                   with its own checkpoint and progress, fails on FAILURE so a re-execution
+                   from failure resumes exactly the unfinished ranges from their checkpoints;
+summarise_sweep    merges the ranges, records the summary in run history, releases lock and
+                   lease;
+report_customer_status  reports customer_status, review_triggers and outbox_events.
+
+Jobs: `customer_status_sweep_job` (what the CLI launches), its celery variant, and
+`customer_status_asset_job`, the same graph as a graph-backed multi-asset (what schedules, the
+rules sensor and "Materialize" in the UI start). Lineage:
+
+    customers ─▶ customer_status ─▶ review_triggers
+                                └─▶ outbox_events
+"""
+
+# No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+from pydantic import Field, field_validator
+
+from batch_assets import run_history
+from batch_assets.db.engine import one_off_engine
+from batch_assets.domains.customer_status.rules_store import current_rules
+from batch_assets.engine.definition import UUID_MAX, CursorRange
+from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
+from batch_assets.engine.settings import MAXIMA, SweepSettings
+from batch_assets.errors import BatchAssetsError, ConfigError, LockNotAcquired, error_text
+from batch_assets.locking.lock import make_job_lock
+from batch_assets.locking.run_guard import (
+    acquire_run_lock,
+    joined_guard,
+    release_failed_run,
+    release_run_lock,
+    run_owner,
+)
+from batch_assets.orchestration.automation import IN_PROGRESS, schedule_timezone, tick_date
+from batch_assets.orchestration.celery import celery_on_redis_executor
+from batch_assets.orchestration.config import DatedConfig, count_field, seconds_field
+from batch_assets.orchestration.metadata import counts_table, observable_table, records_table, run_numbers
+from batch_assets.orchestration.ops import (
+    empty_summary,
+    finish,
+    resolve_run_date,
+    stop_on_interrupt,
+    summary_metadata,
+    utcnow,
+    validated_plan,
+)
+from batch_assets.orchestration.progress import OpProgress
+from batch_assets.orchestration.resources import (
+    CheckpointsResource,
+    DatabaseResource,
+    EncryptionResource,
+    JobLockResource,
+)
+from batch_assets.orchestration.spec import JobSpec
+from batch_assets.settings import Settings
+from batch_assets.shutdown import STOP
+
+log = logging.getLogger(__name__)
+
+SWEEP_JOB_KEY = "customer_status_sweep"
+"""The lock and lease name shared by delta, full and config-change (they never overlap)."""
+SWEEP_MODES = ("delta", "full", "config-change")
+DEFAULT_RANGES = 4
+MAX_RANGES = 256
+SWEEP_TAGS = {"batch_assets/kind": "sweep"}
+GROUP = "customer_status"
+
+_ADDITIVE = ("scanned", "changed", "unchanged", "failed", "pages", "decrypted", "triggers", "audit_events")
+
+
+# --- config ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The validated run config: what plan_sweep needs besides the engine's SweepSettings."""
+
+    mode: str
+    run_date: date | None
+    ranges: int
+    engine: SweepSettings
+
+
+class SweepConfig(DatedConfig):
+    """Customer-status sweep (CONTRACT §2 `sweep customer-status`). 0 or missing = the documented default."""
+
+    mode: str = Field(default="delta", description="delta | full | config-change. Default delta.")
+    ranges: int = count_field(
+        str(DEFAULT_RANGES), maximum=MAX_RANGES,
+        description="Cursor ranges (UUID key ranges, one mapped op each) for full/config-change; delta is "
+        "always one range.",
+    )
+    workers: int = count_field("4", maximum=MAXIMA["workers"], description="Worker threads per range.")
+    window: int = count_field("3", maximum=MAXIMA["window"], description="Pages in flight per range.")
+    page_size: int = count_field("1000", maximum=MAXIMA["page_size"], description="Rows per page.")
+    page_timeout_s: float = seconds_field("30", maximum=MAXIMA["page_timeout_s"],
+                                    description="statement_timeout of a page transaction (s).")
+    row_timeout_s: float = seconds_field("5", maximum=MAXIMA["row_timeout_s"],
+                                   description="statement_timeout of a per-row fallback transaction (s).")
+    lock_timeout_s: float = seconds_field("5", maximum=MAXIMA["lock_timeout_s"],
+                                    description="lock_timeout of write transactions (s).")
+    breaker_ratio: float = Field(
+        default=0, ge=0, le=1,
+        description="Circuit breaker: systemic failures / rows of a page, in (0, 1]. 0 = 0.2.",
+    )
+    breaker_min_rows: int = count_field("100", maximum=MAXIMA["breaker_min_rows"],
+                                  description="Rows before the breaker may trip.")
+    summary_every_pages: int = count_field("50", maximum=MAXIMA["summary_every_pages"],
+                                     description="Log a progress line every N pages.")
+    checkpoint_every_s: float = seconds_field(
+        "1", maximum=MAXIMA["checkpoint_every_s"],
+        description="Save the low-watermark checkpoint at most this often (s); always at the end.",
+    )
+    heartbeat_s: float = seconds_field("10", maximum=MAXIMA["heartbeat_s"],
+                                       description="Lease/lock heartbeat interval.")
+    lease_ttl_s: float = seconds_field("60", maximum=MAXIMA["lease_ttl_s"], description="Run lease expiry.")
+    lock_ttl_s: float = seconds_field("120", maximum=MAXIMA["lock_ttl_s"],
+                                description="Job lock lock-at-most-for, renewed by heartbeats.")
+    lock_min_s: float = seconds_field("none", maximum=MAXIMA["lock_min_s"], description="Job lock lock-at-least-for.")
+    lock_fail_open: bool = Field(
+        default=False, description="Continue on the lease alone when the lock store is down. Default false."
+    )
+    adaptive_page_size: bool = Field(default=False, description="Shrink/grow pages on timeouts. Default false.")
+    pool_size: int = count_field("max(10, workers + 3)", maximum=MAXIMA["pool_size"],
+                           description="Connection budget per range process.")
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        if value not in SWEEP_MODES:
+            raise ValueError(f"mode: must be one of {', '.join(SWEEP_MODES)}, got {value!r}")
+        return value
+
+    def to_settings(self) -> SweepPlan:
+        """Validate everything (ConfigError naming the field) and return the plan + engine settings."""
+        if self.mode not in SWEEP_MODES:
+            raise ConfigError(f"must be one of {', '.join(SWEEP_MODES)}, got {self.mode!r}", field="mode")
+        self.check_fields()
+        run_date = self.checked_run_date()
+        ranges = 1 if self.mode == "delta" else (self.ranges or DEFAULT_RANGES)
+        workers = self.workers or SweepSettings.workers
+        values = {name: getattr(self, name) for name in ENGINE_FIELDS}
+        values["pool_size"] = self.pool_size or max(SweepSettings.pool_size, workers + 3)
+        engine = SweepSettings.build(**values)
+        return SweepPlan(mode=self.mode, run_date=run_date, ranges=ranges, engine=engine)
+
+
+ENGINE_FIELDS = tuple(name for name in SweepConfig.model_fields if name in SweepSettings.__dataclass_fields__)
+"""The config fields that are engine knobs (the rest is the plan: mode, run date, ranges)."""
+
+
+@dataclass(frozen=True)
+class RangeTask:
+    """What plan_sweep hands each mapped sweep_range: typed, validated once in plan_sweep."""
+
+    index: int
+    count: int
+    cursor_range: CursorRange
+    mode: str
+    run_date: date
+    settings: SweepSettings
+    owner: str
+    started_at: datetime
+    rules_fingerprint: str
+
+    @property
+    def label(self) -> str:
+        return f"range {self.index + 1}/{self.count}" if self.count > 1 else "sweep"
+
+
+# --- ops ---------------------------------------------------------------------------------
+
+
+def split_key_space(count: int) -> list[CursorRange]:
+    """`count` contiguous inclusive UUID ranges covering the whole key space."""
+    space = UUID_MAX.int + 1
+    bounds = [space * i // count for i in range(count + 1)]
+    return [CursorRange(uuid.UUID(int=bounds[i]), uuid.UUID(int=bounds[i + 1] - 1)) for i in range(count)]
+
+
+def _root_run_id(context: dg.OpExecutionContext) -> str:
+    return context.run.root_run_id or context.run_id
+
+
+def _in_process(context: dg.OpExecutionContext) -> bool:
+    """Whether every op of this run executes in this process (the in_process executor)."""
+    run_config: dict[str, Any] = dict(context.run.run_config or {})
+    execution = run_config.get("execution") or {}
+    return "in_process" in (execution.get("config") or {})
+
+
+@dg.op(
+    out=dg.DynamicOut(RangeTask, description="One task per cursor range."),
+    tags={"kind": "sweep"},
+)
+def plan_sweep(
+    context: dg.OpExecutionContext,
+    config: SweepConfig,
+    database: DatabaseResource,
+    encryption: EncryptionResource,
+    job_lock: JobLockResource,
+) -> Iterator[dg.DynamicOutput[RangeTask]]:
+    """Validate the run config, fix the run date, take the run's lock + lease and map the cursor ranges."""
+    started_at = utcnow()
+    # A missing or malformed key stops the run here too, before any read.
+    plan = validated_plan(config, encryption.cipher)
+    run_date = resolve_run_date(plan.run_date)
+    engine = database.get_engine()
+    owner = run_owner(_root_run_id(context), single_process=_in_process(context))
+    try:
+        acquire_run_lock(
+            engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY, owner=owner, settings=plan.engine
+        )
+    except LockNotAcquired as exc:
+        summary = empty_summary(
+            SKIPPED, context.run_id, reason=str(exc), mode=plan.mode, run_date=run_date.isoformat(), pages=0,
+            decrypted=0, triggers=0, audit_events=0, resumed_from=None,
+        )
+        finish(context, engine, summary=summary, started_at=started_at, mode=plan.mode, run_date=run_date,
+               output_metadata=False)
+        return
+    with engine.connect() as conn:
+        version, rules = current_rules(conn)
+    ranges = [CursorRange()] if plan.ranges == 1 else split_key_space(plan.ranges)
+    context.log.info(
+        f"sweep mode={plan.mode} run_date={run_date} ranges={len(ranges)} owner={owner} "
+        f"rules v{version} ({rules.fingerprint})"
+    )
+    for index, cursor_range in enumerate(ranges):
+        yield dg.DynamicOutput(
+            RangeTask(
+                index=index,
+                count=len(ranges),
+                cursor_range=cursor_range,
+                mode=plan.mode,
+                run_date=run_date,
+                settings=plan.engine,
+                owner=owner,
+                started_at=started_at,
+                rules_fingerprint=rules.fingerprint,
+            ),
+            mapping_key=f"r{index:03d}_of_{len(ranges):03d}",
+        )
+
+
+@dg.op(tags={"kind": "sweep"})
+def sweep_range(
+    context: dg.OpExecutionContext,
+    task: RangeTask,
+    database: DatabaseResource,
+    encryption: EncryptionResource,
+    job_lock: JobLockResource,
+    checkpoints: CheckpointsResource,
+) -> dict:
+    """Sweep one cursor range under the run's lock and lease, resuming from its checkpoint."""
+    from batch_assets.domains.customer_status.job import run_customer_status_sweep
+
+    settings, cursor_range, label = task.settings, task.cursor_range, task.label
+    engine = database.get_engine(min_pool_size=settings.pool_size)
+    progress = OpProgress(context, label=label, asset_key="customer_status", every_pages=settings.summary_every_pages)
+    try:
+        with stop_on_interrupt(), progress, joined_guard(
+            engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY, owner=task.owner, settings=settings
+        ) as guard:
+            result = run_customer_status_sweep(
+                engine,
+                encryption.cipher(),
+                mode=task.mode,
+                run_date=task.run_date,
+                settings=settings,
+                run_id=context.run_id,
+                guard=guard,
+                checkpoints=checkpoints.store(engine),
+                stop=STOP,
+                cursor_range=cursor_range,
+                progress=progress,
+            )
+    except LockNotAcquired as exc:
+        raise dg.Failure(
+            description=f"{label}: lost the run's lock to another run: {exc}", allow_retries=False
+        ) from None
+    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+        # The lock store or the database went away outside the engine's own retries (joining the
+        # lock, loading rules or the checkpoint): the range did not run to its end. Fail the step
+        # cleanly, resumable from its checkpoint; the launch counts it as an unfinished range.
+        raise dg.Failure(
+            description=f"{label} did not finish: {error_text(exc)}",
+            metadata={"range": cursor_range.key, "resumable": "True", "error": error_text(exc)},
+            allow_retries=False,
+        ) from None
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            # Run termination (DagsterExecutionInterruptedError): the engine drained and recorded its
+            # low watermark; give back the run's lock and lease now (the summary op will not run).
+            release_failed_run(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
+                               root_run_id=_root_run_id(context))
+        raise
+    summary = result.to_summary()
+    summary["range"] = cursor_range.key
+    summary["owner"] = task.owner
+    summary["started_at"] = task.started_at.isoformat()
+    metadata = summary_metadata(summary)
+    # Every range records its own numbers, so a run whose summary op never runs (a range failed)
+    # still reports what every range did.
+    try:
+        record_range(context, engine, summary, task)
+    except sa.exc.SQLAlchemyError as exc:
+        # The step's own outcome (below) is what the run's outcome is made of; the record only
+        # carries the numbers of a range whose run has no summary op.
+        context.log.warning(f"{label}: summary not recorded in run history: {error_text(exc)}")
+    if result.status != SUCCESS:
+        # Fail the step (not just the run) so a re-execution from failure resumes this range.
+        reason = summary.get("stopped_reason") or result.status
+        raise dg.Failure(description=f"{label} ended {result.status}: {reason}", metadata=metadata,
+                         allow_retries=False)
+    context.add_output_metadata(metadata)
+    return summary
+
+
+def record_range(
+    context: dg.OpExecutionContext, engine: sa.Engine, summary: dict[str, Any], task: RangeTask
+) -> None:
+    """Record one range's summary in run history (a FAILURE one carries the error and is resumable)."""
+    record = dict(summary)
+    record["run_id"] = context.run_id
+    record.pop("owner", None)
+    status = record["status"] = SUCCESS if summary.get("status") == SUCCESS else FAILURE
+    if status == FAILURE:
+        record["error"] = f"range {task.index + 1}/{task.count} ({summary.get('range')}): " \
+                          f"{summary.get('stopped_reason') or summary.get('status')}"
+        # The range's checkpoint is its low watermark: the next run (or a re-execution from
+        # failure) resumes it.
+        record["resumable"] = True
+    record["duration_s"] = round((utcnow() - task.started_at).total_seconds(), 3)
+    run_history.record(
+        engine,
+        run_id=context.run_id,
+        job=context.job_name,
+        status=status,
+        started_at=task.started_at,
+        summary=record,
+        mode=task.mode,
+        run_date=task.run_date,
+    )
+
+
+def merge_summaries(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One run summary from the ranges' summaries (counters add up; FAILURE wins over SUCCESS)."""
+    merged: dict[str, Any] = {key: 0 for key in _ADDITIVE}
+    merged["failed_by_type"] = dict.fromkeys(FAILURE_KINDS, 0)
+    for part in parts:
+        for key in _ADDITIVE:
+            merged[key] += int(part.get(key) or 0)
+        for kind, count in (part.get("failed_by_type") or {}).items():
+            merged["failed_by_type"][kind] = merged["failed_by_type"].get(kind, 0) + int(count)
+    statuses = {p.get("status") for p in parts}
+    merged["status"] = FAILURE if FAILURE in statuses else SUCCESS
+    resumed = {p.get("range", str(i)): p.get("resumed_from") for i, p in enumerate(parts) if p.get("resumed_from")}
+    if not resumed:
+        merged["resumed_from"] = None
+    elif len(parts) == 1:
+        merged["resumed_from"] = next(iter(resumed.values()))
+    else:
+        merged["resumed_from"] = resumed
+    merged["ranges"] = len(parts)
+    return merged
+
+
+@dg.op(tags={"kind": "sweep"})
+def summarise_sweep(
+    context: dg.OpExecutionContext,
+    results: list[dict],
+    database: DatabaseResource,
+    job_lock: JobLockResource,
+) -> dict:
+    """Merge the ranges, record the run summary, release lock and lease (report_customer_status reports the assets)."""
+    if not results:
+        # plan_sweep mapped no range: the run was SKIPPED (recorded there) and holds no lock.
+        context.log.info("no cursor range ran (the run was skipped); nothing to summarise")
+        return {}
+    engine = database.get_engine()
+    first = results[0] if results else {}
+    mode = first.get("mode")
+    run_date = date.fromisoformat(first["run_date"]) if first.get("run_date") else None
+    started = time.monotonic()
+    try:
+        summary = merge_summaries(results)
+        summary.update(mode=mode, run_date=first.get("run_date"))
+        started_at = _started_at(context, results)
+        summary["duration_s"] = round((utcnow() - started_at).total_seconds(), 3)
+        summary = finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
+    finally:
+        release_run_lock(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
+                         owner=first.get("owner") or run_owner(_root_run_id(context)))
+    context.log.info(f"sweep summary recorded in {time.monotonic() - started:.2f}s")
+    return summary
+
+
+def _started_at(context: dg.OpExecutionContext, results: Sequence[dict]) -> datetime:
+    for part in results:
+        if part.get("started_at"):
+            return datetime.fromisoformat(part["started_at"])
+    return utcnow()
+
+
+
+# --- assets --------------------------------------------------------------------------------
+
+customers = observable_table(
+    "customers",
+    "SELECT status, count(*) AS n, max(updated_at)::text AS latest FROM customers GROUP BY status",
+    "Customers (written by other services); ACTIVE rows are swept.",
+)
+
+CATEGORY_COUNTS = sa.text(
+    "SELECT coalesce(age_category, '(not computed)') AS category, count(*) AS n "
+    "FROM customers WHERE status = 'ACTIVE' GROUP BY 1 ORDER BY 1"
+)
+RANGE_COLUMNS = ("range", "scanned", "changed", "failed", "pages", "duration_s", "resumed_from")
+SWEEP_ASSET_KEYS = [dg.AssetKey("customer_status"), dg.AssetKey("review_triggers"), dg.AssetKey("outbox_events")]
+
+
+@dg.op(
+    out={
+        "customer_status": dg.Out(dg.Nothing, is_required=False),
+        "review_triggers": dg.Out(dg.Nothing, is_required=False),
+        "outbox_events": dg.Out(dg.Nothing, is_required=False),
+    },
+    ins={"customers": dg.In(dg.Nothing)},
+    tags={"kind": "sweep"},
+)
+def report_customer_status(
+    context: dg.OpExecutionContext, summary: dict, ranges: list, database: DatabaseResource
+) -> Iterator[dg.Output]:
+    """Report the sweep's three assets with numeric metadata (charted in Plots); nothing for a SKIPPED run.
+
+    In the asset job these are the multi-asset's outputs (materializations of those assets); in the op
+    jobs the CLI launches, the same metadata is logged as AssetMaterialization events.
+    """
+    if not summary:  # plan_sweep was skipped (another run held the lock): nothing was materialized
+        context.log.info("the sweep was skipped: no materialization")
+        return
+    engine = database.get_engine()
+    counts, categories = counts_table(engine, CATEGORY_COUNTS, label="age_category")
+    run_date, mode = str(summary.get("run_date")), str(summary.get("mode"))
+    common = {"run_date": run_date, "mode": mode, **run_numbers(summary)}
+    reports: dict[str, tuple[str, dict[str, Any]]] = {
+        "customer_status": (f"{mode} sweep for {run_date}", {
+            **common,
+            "pages": int(summary.get("pages") or 0),
+            "decrypted": int(summary.get("decrypted") or 0),
+            "ranges": int(summary.get("ranges") or 0),
+            "active_customers": sum(counts.values()),
+            "failed_by_type": records_table(
+                [{"kind": k, "rows": int(v)} for k, v in sorted((summary.get("failed_by_type") or {}).items())],
+                ("kind", "rows"),
+            ),
+            "counts_by_category": categories,
+            "cursor_ranges": records_table(ranges, RANGE_COLUMNS),
+        }),
+        "review_triggers": (f"review triggers written by the {mode} sweep for {run_date}",
+                            {**common, "triggers": int(summary.get("triggers") or 0)}),
+        "outbox_events": (f"age_category_changed events written by the {mode} sweep for {run_date}",
+                          {**common, "events": int(summary.get("audit_events") or 0)}),
+    }
+    for key, (description, metadata) in reports.items():
+        if context.has_assets_def:
+            yield dg.Output(None, key, metadata=metadata)
+        else:
+            context.log_event(dg.AssetMaterialization(
+                asset_key=key, description=description, metadata=metadata, tags={"mode": mode, "run_date": run_date}
+            ))
+
+
+@dg.graph_multi_asset(
+    outs={
+        "customer_status": dg.AssetOut(
+            group_name=GROUP,
+            description="age_category and next_review_date of ACTIVE customers (the customer-status sweep).",
+            kinds={"postgres"},
+            is_required=False,
+        ),
+        "review_triggers": dg.AssetOut(
+            group_name=GROUP,
+            description="One review trigger per category change (unique per customer, category and effective date).",
+            kinds={"postgres"},
+            is_required=False,
+        ),
+        "outbox_events": dg.AssetOut(
+            group_name=GROUP,
+            description="age_category_changed events, one per changed customer; relayed by outbox_relay_job.",
+            kinds={"postgres"},
+            is_required=False,
+        ),
+    },
+    ins={"customers": dg.AssetIn(dagster_type=dg.Nothing)},
+    can_subset=False,
+)
+def customer_status_sweep(customers: Any) -> Any:  # a graph body: Dagster wires the nodes
+    """The customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report."""
+    ranges = plan_sweep().map(sweep_range).collect()
+    return report_customer_status(summarise_sweep(ranges), ranges, customers=customers)
+
+
+# --- checks (they run inside every run that materializes their assets) ------------------------
+
+# The latest successful delta sweep: its run date and how many rows it could not evaluate.
+LAST_DELTA_SQL = sa.text(
+    """
+    SELECT run_date, coalesce((summary->>'failed')::bigint, 0) AS failed
+      FROM ba_run_history
+     WHERE job LIKE 'customer_status%' AND mode = 'delta' AND status = 'SUCCESS'
+     ORDER BY finished_at DESC
+     LIMIT 1
+    """
+)
+# :run_date — ACTIVE customers still due on or before it (index customers_due_idx).
+OVERDUE_SQL = sa.text(
+    """
+    SELECT count(*) FROM customers
+     WHERE status = 'ACTIVE'
+       AND coalesce(next_review_date, '-infinity'::date) <= :run_date
+       AND next_review_date IS NOT NULL
+    """
+)
+DUPLICATE_TRIGGERS_SQL = sa.text(
+    """
+    SELECT count(*) FROM (
+        SELECT 1 FROM review_triggers
+         GROUP BY customer_id, to_category, effective_date
+        HAVING count(*) > 1
+    ) d
+    """
+)
+
+
+@dg.asset_check(
+    asset="customer_status",
+    description="After the last successful delta, no ACTIVE customer is still due on or before its run date "
+    "(rows the run could not evaluate are allowed, up to its failed count).",
+)
+def no_overdue_active_customers(database: DatabaseResource) -> dg.AssetCheckResult:
+    with database.get_engine().connect() as conn:
+        last = conn.execute(LAST_DELTA_SQL).first()
+        if last is None:
+            return dg.AssetCheckResult(passed=True, metadata={"last_delta_run_date": "none yet"})
+        run_date: date = last.run_date
+        overdue = int(conn.execute(OVERDUE_SQL, {"run_date": run_date}).scalar_one())
+    return dg.AssetCheckResult(
+        passed=overdue <= int(last.failed),
+        metadata={"last_delta_run_date": str(run_date), "overdue": overdue, "failed_in_run": int(last.failed)},
+    )
+
+
+@dg.asset_check(asset="review_triggers", description="Review triggers are unique per customer, category and date.")
+def review_triggers_unique(database: DatabaseResource) -> dg.AssetCheckResult:
+    with database.get_engine().connect() as conn:
+        duplicates = int(conn.execute(DUPLICATE_TRIGGERS_SQL).scalar_one())
+    return dg.AssetCheckResult(passed=duplicates == 0, metadata={"duplicate_keys": duplicates})
+
+
+# --- jobs ----------------------------------------------------------------------------------
+
+
+@dg.graph(description="Customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report.")
+def customer_status_sweep_graph() -> None:
+    ranges = plan_sweep().map(sweep_range).collect()
+    report_customer_status(summarise_sweep(ranges), ranges)
+
+
+customer_status_sweep_job = customer_status_sweep_graph.to_job(
+    name="customer_status_sweep_job",
+    description="Recompute age_category / next_review_date (delta, full or config-change) over cursor ranges "
+    "(the job the CLI launches; customer_status_asset_job is the same sweep as assets).",
+    tags=SWEEP_TAGS,
+)
+
+customer_status_asset_job = dg.define_asset_job(
+    "customer_status_asset_job",
+    selection=dg.AssetSelection.assets(*SWEEP_ASSET_KEYS),
+    description="Materialize customer_status, review_triggers and outbox_events with the customer-status sweep "
+    "(plan → cursor ranges → summary) and run their asset checks. Config: "
+    "ops.customer_status_sweep.ops.plan_sweep.config (mode, run_date, ...).",
+    tags=SWEEP_TAGS,
+)
+
+customer_status_sweep_celery_job = customer_status_sweep_graph.to_job(
+    name="customer_status_sweep_celery_job",
+    description="The customer-status sweep with its cursor ranges executed on celery workers. Needs a running "
+    "celery worker on queue 'dagster' (see README); without one the run fails after worker_wait_s (30 s).",
+    executor_def=celery_on_redis_executor,
+    tags=SWEEP_TAGS,
+)
+
+
+def release_after_failure(root_run_id: str, settings: Settings) -> None:
+    """A failed sweep run (breaker, SIGTERM, lost lease, defect) gives back what it still holds.
+
+    Best effort: with the database or the lock store down, lease and lock expire on their own
+    (and a dead holder is taken over at once), and the run's outcome must still be reported.
+    """
+    try:
+        with one_off_engine(settings) as engine:
+            release_failed_run(engine, make_job_lock(engine, settings.redis_url), job_key=SWEEP_JOB_KEY,
+                               root_run_id=root_run_id)
+    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+        log.warning("run %s: lock and lease not released, they will expire: %s", root_run_id, error_text(exc))
+
+
+# --- schedules and the rules sensor -----------------------------------------------------------
+
+SWEEP_GRAPH_NODE = "customer_status_sweep"
+"""The graph-backed asset's node in customer_status_asset_job: its ops' config nests under it."""
+
+
+def sweep_run_config(config: SweepConfig) -> dict:
+    """Run config of customer_status_asset_job for one sweep (plan_sweep's config, nested under the graph)."""
+    return {"ops": {SWEEP_GRAPH_NODE: {"ops": {"plan_sweep": {"config": config.model_dump()}}}}}
+
+
+def _sweep_tick(mode: str, timezone: str) -> Callable[[dg.ScheduleEvaluationContext], dg.RunRequest]:
+    def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+        run_date = tick_date(context, timezone)
+        return dg.RunRequest(
+            run_key=f"{mode}:{run_date or 'now'}",
+            run_config=sweep_run_config(SweepConfig(mode=mode, run_date=run_date or None)),
+            tags={"batch_assets/mode": mode, "batch_assets/run_date": run_date},
+        )
+
+    return evaluate
+
+
+def build_schedules(timezone: str, status: dg.DefaultScheduleStatus) -> list[dg.ScheduleDefinition]:
+    """Daily delta at 02:00 and weekly full on Sunday at 03:00; they target the assets, so the asset pages
+    show their automation."""
+    tz = schedule_timezone(timezone)
+    return [
+        dg.ScheduleDefinition(
+            name="daily_delta_schedule",
+            cron_schedule="0 2 * * *",
+            job=customer_status_asset_job,
+            execution_fn=_sweep_tick("delta", tz),
+            execution_timezone=tz,
+            default_status=status,
+            description="Delta sweep every day at 02:00: customers due on the run date or not computed yet.",
+        ),
+        dg.ScheduleDefinition(
+            name="weekly_full_schedule",
+            cron_schedule="0 3 * * 0",
+            job=customer_status_asset_job,
+            execution_fn=_sweep_tick("full", tz),
+            execution_timezone=tz,
+            default_status=status,
+            description="Full sweep every Sunday at 03:00 (every ACTIVE customer, in cursor ranges).",
+        ),
+    ]
+
+
+FIRST_VERSION_OF = "SELECT min(version) FROM ba_rules WHERE fingerprint = %(fingerprint)s"
+# %(fingerprint)s — a rules fingerprint; the first version that had it (None for the built-in defaults)
+
+
+def current_fingerprint(database: DatabaseResource) -> tuple[int, str, int | None]:
+    """(current version, its fingerprint, the first version that ever had this fingerprint)."""
+    with database.get_engine().connect() as conn:
+        version, rules = current_rules(conn)
+        first = conn.exec_driver_sql(FIRST_VERSION_OF, {"fingerprint": rules.fingerprint}).scalar()
+    return version, rules.fingerprint, first
+
+
+def rules_run_key(version: int, fingerprint: str, first_version: int | None) -> str:
+    """The run key of the config-change sweep for a rules version: its fingerprint.
+
+    Dagster never starts a second run for a key a sensor already used, so a change *back* to
+    earlier rules (A → B → A) gets the fingerprint qualified by its version: two changes, two sweeps.
+    """
+    if first_version is None or first_version == version:
+        return fingerprint
+    return f"{fingerprint}@v{version}"
+
+
+RULES_KEY_TAG = "batch_assets/rules_key"
+"""Tag of every config-change run the sensor starts: the rules key (fingerprint, or fingerprint@vN)."""
+
+
+def _swept(database: DatabaseResource, run_id: str) -> bool:
+    """Whether the run recorded a SUCCESS summary (a SKIPPED sweep also ends Dagster-SUCCESS)."""
+    summary = run_history.latest(database.get_engine(), run_id)
+    return summary is not None and summary.get("status") == "SUCCESS"
+
+
+def rules_changed(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult:
+    """One successful config-change sweep per rules change: re-request until a run for the key succeeds.
+
+    The cursor moves to a rules key only once a run tagged with it ended SUCCESS *and* recorded a
+    SUCCESS summary; a run that ended SKIPPED (a CLI run held the lock) or FAILED is followed, on a
+    later tick, by a new request (run key `<key>#<attempt>`, since Dagster never reuses a run key).
+    """
+    version, fingerprint, first_version = current_fingerprint(database)
+    key = rules_run_key(version, fingerprint, first_version)
+    if context.cursor == key:
+        return dg.SensorResult(skip_reason=dg.SkipReason(f"rules unchanged (v{version}, {fingerprint})"))
+    if context.cursor is None and version == 0:
+        # Never changed since install: the default rules need no config-change sweep; remember them.
+        return dg.SensorResult(skip_reason=dg.SkipReason(f"default rules ({fingerprint}); nothing changed"), cursor=key)
+    runs = context.instance.get_runs(filters=dg.RunsFilter(tags={RULES_KEY_TAG: key}))
+    running = [run for run in runs if run.status in IN_PROGRESS]
+    if running:
+        return dg.SensorResult(
+            skip_reason=dg.SkipReason(f"config-change sweep {running[0].run_id} for {key} is {running[0].status.value}")
+        )
+    done = [run for run in runs if run.status == dg.DagsterRunStatus.SUCCESS and _swept(database, run.run_id)]
+    if done:
+        return dg.SensorResult(
+            skip_reason=dg.SkipReason(f"rules {key} swept by run {done[0].run_id}"), cursor=key
+        )
+    attempt = len(runs) + 1
+    return dg.SensorResult(
+        run_requests=[
+            dg.RunRequest(
+                run_key=key if attempt == 1 else f"{key}#{attempt}",
+                run_config=sweep_run_config(SweepConfig(mode="config-change")),
+                tags={
+                    "batch_assets/mode": "config-change",
+                    RULES_KEY_TAG: key,
+                    "batch_assets/rules_fingerprint": fingerprint,
+                    "batch_assets/rules_version": str(version),
+                    "batch_assets/attempt": str(attempt),
+                },
+            )
+        ],
+    )
+
+
+def build_sensors(status: dg.DefaultSensorStatus) -> list[dg.SensorDefinition]:
+    return [
+        dg.sensor(
+            name="rules_changed_sensor",
+            job=customer_status_asset_job,
+            minimum_interval_seconds=30,
+            default_status=status,
+            description="Starts the config-change sweep of a rules change (run key = its fingerprint) and "
+            "requests it again on later ticks until one run for that fingerprint succeeds.",
+        )(rules_changed),
+    ]
+
+
+def merge_range_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run summary of a sweep whose summary op never ran, from the ranges' own records."""
+    merged = merge_summaries(records)
+    first = records[0]
+    merged.update(
+        run_id=first.get("run_id"),
+        mode=first.get("mode"),
+        run_date=first.get("run_date"),
+        duration_s=max(float(r.get("duration_s") or 0) for r in records),
+        error="; ".join(str(r["error"]) for r in records if r.get("error")) or None,
+        resumable=merged["status"] != "SUCCESS",
+    )
+    return merged
+
+
+SPEC = JobSpec(
+    job=customer_status_sweep_job,
+    config=SweepConfig,
+    config_op="plan_sweep",
+    variants={"celery": customer_status_sweep_celery_job},
+    asset_jobs=[customer_status_asset_job],
+    assets=[customers, customer_status_sweep],
+    asset_checks=[no_overdue_active_customers, review_triggers_unique],
+    schedules=build_schedules,
+    sensors=build_sensors,
+    release_after_failure=release_after_failure,
+    mapped_op="sweep_range",
+    merge_records=merge_range_records,
+)

@@ -1,0 +1,253 @@
+"""The outbox relay in Dagster: config, op, job, backlog check and schedule (PENDING → sink → SENT).
+
+The events are the customer-status sweep's `outbox_events` asset; the relay observes it.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from batch_assets.domains.outbox.relay import (
+    MAX_BATCH,
+    RelaySettings,
+    backlog,
+    follow_outbox,
+    make_sink,
+    relay_outbox,
+)
+from batch_assets.engine.settings import SweepSettings
+from batch_assets.errors import LockNotAcquired
+from batch_assets.locking.guard import job_guard
+from batch_assets.orchestration.automation import schedule_timezone, tick_minute
+from batch_assets.orchestration.config import JobConfig, count_field, seconds_field
+from batch_assets.orchestration.metadata import run_numbers, status_counts
+from batch_assets.orchestration.ops import (
+    FAILURE,
+    SKIPPED,
+    SUCCESS,
+    empty_summary,
+    finish,
+    stop_on_interrupt,
+    utcnow,
+    validated_plan,
+)
+from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
+from batch_assets.orchestration.spec import JobSpec
+from batch_assets.settings import load_settings
+from batch_assets.shutdown import STOP
+
+OUTBOX_RELAY_JOB_KEY = "outbox_relay"
+DEFAULT_BATCH_SIZE = 500
+
+
+# --- config ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RelayPlan:
+    """The validated run config."""
+
+    follow: bool
+    follow_seconds: float | None
+    engine: RelaySettings
+
+    @property
+    def batch_size(self) -> int:
+        return self.engine.batch_size
+
+
+class OutboxRelayConfig(JobConfig):
+    """The outbox relay (PENDING → sink → SENT). 0 or missing = the documented default."""
+
+    batch_size: int = count_field(str(DEFAULT_BATCH_SIZE), maximum=MAX_BATCH, description="Events per batch.")
+    follow: bool = Field(
+        default=False,
+        description="Keep relaying, woken by a PostgreSQL notification on every new event, until stopped "
+        "(or follow_seconds pass). Default false: one pass until nothing is pending.",
+    )
+    follow_seconds: float = seconds_field("until stopped", description="With follow: stop after this many seconds.")
+    claim_lease_s: float = seconds_field(
+        "60", description="Claim lease of a batch (s); another relay may take it after."
+    )
+    send_timeout_s: float = seconds_field("10", description="Timeout of one send to the sink (s), below claim_lease_s.")
+
+    def to_settings(self) -> RelayPlan:
+        """Validate everything (ConfigError naming the field) and return the plan + relay settings."""
+        self.check_fields()
+        engine = RelaySettings(
+            batch_size=self.batch_size or DEFAULT_BATCH_SIZE,
+            claim_lease_s=self.claim_lease_s or RelaySettings.claim_lease_s,
+            send_timeout_s=self.send_timeout_s or RelaySettings.send_timeout_s,
+        ).check()
+        return RelayPlan(follow=self.follow, follow_seconds=self.follow_seconds or None, engine=engine)
+
+
+# --- op and job ----------------------------------------------------------------------------
+
+
+def _relay_summary(outcome: Any, run_id: str, *, follow: bool) -> dict[str, Any]:
+    """The relay's RelayResult as a CONTRACT §2 summary (scanned = changed = events sent).
+
+    One pass fails on its first send failure; follow mode retries those and fails only when it lost
+    its lock or lease.
+    """
+    failed = outcome.error is not None and (not follow or outcome.error == "LeaseLost")
+    summary = empty_summary(FAILURE if failed else SUCCESS, run_id)
+    summary.update(
+        scanned=outcome.sent,
+        changed=outcome.sent,
+        sent=outcome.sent,
+        batches=outcome.batches,
+        send_failures=outcome.failures,
+        duration_s=round(outcome.duration_s, 3),
+    )
+    if failed:
+        summary["error"] = f"relay stopped by {outcome.error}; the batch stays PENDING"
+        summary["failed_by_type"] = {outcome.error: 1}
+    return summary
+
+
+RELAY_GUARD = SweepSettings()
+"""Lock 120 s renewed every 10 s by the heartbeat, lease 60 s: the same timings as the sweep's."""
+
+
+@dg.op(tags={"kind": "outbox"})
+def relay_outbox_events(
+    context: dg.OpExecutionContext,
+    config: OutboxRelayConfig,
+    database: DatabaseResource,
+    job_lock: JobLockResource,
+) -> dict:
+    """Send PENDING outbox events to the sink and mark them SENT, one relay at a time (job lock)."""
+
+    started_at = utcnow()
+    plan = validated_plan(config)
+    engine = database.get_engine()
+    sink = make_sink(load_settings(), timeout_s=plan.engine.send_timeout_s)
+    try:
+        with stop_on_interrupt(), job_guard(
+            engine, job_key=OUTBOX_RELAY_JOB_KEY, run_id=context.run_id, settings=RELAY_GUARD,
+            lock=job_lock.lock_for(engine),
+        ) as guard:
+            if plan.follow:
+                deadline = time.monotonic() + plan.follow_seconds if plan.follow_seconds else None
+                context.log.info("outbox relay: following (woken by notifications) until stopped")
+                outcome = follow_outbox(
+                    engine, sink=sink, owner=guard.owner, settings=plan.engine, stop=STOP,
+                    alive=lambda: guard.alive() and (deadline is None or time.monotonic() < deadline),
+                )
+                if not guard.alive():  # another relay took lock or lease over: this one must not go on
+                    outcome = dataclasses.replace(outcome, error="LeaseLost")
+            else:
+                outcome = relay_outbox(engine, sink=sink, owner=guard.owner, settings=plan.engine, stop=STOP)
+    except LockNotAcquired as exc:
+        summary = empty_summary(SKIPPED, context.run_id, reason=str(exc))
+        return finish(context, engine, summary=summary, started_at=started_at)
+    finally:
+        close = getattr(sink, "close", None)
+        if close is not None:
+            close()
+    summary = finish(context, engine, summary=_relay_summary(outcome, context.run_id, follow=plan.follow),
+                     started_at=started_at)
+    pending, oldest_s = backlog(engine)
+    _, table = status_counts(engine, "outbox_events")
+    context.log_event(
+        dg.AssetObservation(
+            asset_key="outbox_events",
+            description="outbox relay",
+            metadata={
+                "sent": int(summary.get("sent") or 0),
+                "pending": pending,
+                "oldest_pending_s": round(oldest_s, 3),
+                "send_failures": int(summary.get("send_failures") or 0),
+                "events_by_status": table,
+                **run_numbers(summary),
+            },
+        )
+    )
+    return summary
+
+
+@dg.job(description="Relay PENDING outbox events to the sink and mark them SENT (one pass, or follow).",
+        tags={"batch_assets/kind": "outbox"})
+def outbox_relay_job() -> None:
+    relay_outbox_events()
+
+
+# --- check and schedule ----------------------------------------------------------------------
+
+DEFAULT_MAX_PENDING = 10_000
+DEFAULT_MAX_OLDEST_PENDING_S = 600.0
+
+
+class OutboxBacklogConfig(dg.Config):
+    """Thresholds of the outbox backlog check (a warning past either one)."""
+
+    max_pending: int = Field(
+        default=DEFAULT_MAX_PENDING, ge=0, le=10**9, description="Warn when more events than this are PENDING."
+    )
+    max_oldest_pending_s: float = Field(
+        default=DEFAULT_MAX_OLDEST_PENDING_S, ge=0, le=30 * 24 * 3600,
+        description="Warn when the oldest PENDING event is older than this many seconds.",
+    )
+
+
+@dg.asset_check(
+    asset="outbox_events",
+    description="Relay backlog: PENDING events and the age of the oldest one; warns past the configured "
+    "thresholds (the relay is down, slow or failing).",
+)
+def outbox_backlog(config: OutboxBacklogConfig, database: DatabaseResource) -> dg.AssetCheckResult:
+    pending, oldest_s = backlog(database.get_engine())
+    return dg.AssetCheckResult(
+        passed=pending <= config.max_pending and oldest_s <= config.max_oldest_pending_s,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "pending": pending,
+            "oldest_pending_s": round(oldest_s, 3),
+            "max_pending": config.max_pending,
+            "max_oldest_pending_s": config.max_oldest_pending_s,
+        },
+    )
+
+
+def _relay_tick(timezone: str) -> Callable[[dg.ScheduleEvaluationContext], dg.RunRequest]:
+    def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+        return dg.RunRequest(
+            run_key=f"outbox:{tick_minute(context.scheduled_execution_time, timezone)}",
+            run_config=dg.RunConfig(ops={"relay_outbox_events": OutboxRelayConfig()}),
+        )
+
+    return evaluate
+
+
+def build_schedules(timezone: str, status: dg.DefaultScheduleStatus) -> list[dg.ScheduleDefinition]:
+    tz = schedule_timezone(timezone)
+    return [
+        dg.ScheduleDefinition(
+            name="outbox_relay_schedule",
+            cron_schedule="*/5 * * * *",
+            job=outbox_relay_job,
+            execution_fn=_relay_tick(tz),
+            execution_timezone=tz,
+            default_status=status,
+            description="Relay pending outbox events every 5 minutes, a safety net: for latency under a second run "
+            "`batch-assets outbox relay --follow` (the job lock keeps one relay at a time).",
+        ),
+    ]
+
+
+SPEC = JobSpec(
+    job=outbox_relay_job,
+    config=OutboxRelayConfig,
+    config_op="relay_outbox_events",
+    asset_checks=[outbox_backlog],
+    schedules=build_schedules,
+)

@@ -1,0 +1,258 @@
+"""The payment queue in Dagster: the worker's config, op and job, its asset, checks and drain sensor (CONTRACT §7).
+
+Lineage: payments ─▶ payment_status.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+from pydantic import Field
+
+from batch_assets.domains.payments.handler import default_handler, plugin_spec_from_environment
+from batch_assets.domains.payments.queue import MAX_BATCH, MAX_DB_OUTAGE_S, QueueSettings, dlq_size, queue_stats
+from batch_assets.domains.payments.worker import BREAKER_CODES, run_worker
+from batch_assets.errors import ConfigError
+from batch_assets.orchestration.automation import IN_PROGRESS
+from batch_assets.orchestration.config import JobConfig, count_field, seconds_field
+from batch_assets.orchestration.metadata import observable_table, status_counts
+from batch_assets.orchestration.ops import config_failure, finish, stop_on_interrupt, utcnow, validated_plan
+from batch_assets.orchestration.progress import OpProgress
+from batch_assets.orchestration.resources import DatabaseResource
+from batch_assets.orchestration.spec import JobSpec
+from batch_assets.settings import load_settings
+from batch_assets.shutdown import STOP
+
+NIGHTLY = "nightly_jobs"
+MAX_CONCURRENCY = 256
+QUEUE_DRAIN_INTERVAL_S = 30
+"""The next drain starts this many seconds after the previous one finished."""
+QUEUE_DRAIN_MAX_SECONDS = 300
+"""A sensor-started drain stops claiming after this long (the next one picks up the rest)."""
+
+
+# --- config ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueDrainPlan:
+    """The validated run config."""
+
+    max_seconds: float | None
+    drain: bool
+    engine: QueueSettings
+
+
+class QueueDrainConfig(JobConfig):
+    """The payment worker (CONTRACT §7): a drain, or the resident worker. 0 or missing = the default."""
+
+    concurrency: int = count_field("8", maximum=MAX_CONCURRENCY, description="Handler calls in flight.")
+    max_seconds: float = seconds_field("no limit", description="Stop claiming new work after this many seconds.")
+    batch_size: int = count_field("50", maximum=MAX_BATCH, description="First claim batch (it adapts within 1..1000).")
+    drain: bool = Field(
+        default=True,
+        description="Exit once nothing is due. False = the resident worker: it waits for notifications "
+        "and runs until stopped (SIGTERM, run termination) or max_seconds.",
+    )
+    db_outage_s: float = seconds_field(
+        "60", maximum=MAX_DB_OUTAGE_S,
+        description="Seconds a lost database connection is retried (backoff) before the worker fails.",
+    )
+
+    def to_settings(self) -> QueueDrainPlan:
+        """Validate everything (ConfigError naming the field) and return the plan + queue settings."""
+        self.check_fields()
+        engine = QueueSettings.build(concurrency=self.concurrency or None, batch_size=self.batch_size or None,
+                                     db_outage_s=self.db_outage_s or None)
+        return QueueDrainPlan(max_seconds=self.max_seconds or None, drain=self.drain, engine=engine)
+
+
+# --- op and job ----------------------------------------------------------------------------
+
+
+@dg.op(tags={"kind": "queue"})
+def drain_payment_queue(
+    context: dg.OpExecutionContext,
+    config: QueueDrainConfig,
+    database: DatabaseResource,
+) -> dict:
+    """Process due payments: until nothing is due (drain), or resident until stopped or max_seconds."""
+
+    started_at = utcnow()
+    plan = validated_plan(config)
+    settings = load_settings()
+    try:  # an unimportable BATCH_ASSETS_PAYMENT_HANDLER fails the run before anything is claimed
+        handler = default_handler(
+            settings.limits_url, plan.engine.http_timeout_s, concurrency=plan.engine.concurrency,
+            plugin=plugin_spec_from_environment(),
+        )
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+    # The worker runs on two connections of its own; the pool serves the bookkeeping around it.
+    engine = database.get_engine(min_pool_size=4)
+    progress = OpProgress(context, label="payment queue", asset_key="payment_status")
+    with stop_on_interrupt(), progress:
+        result = _run_draining(
+            lambda: run_worker(
+                engine, plan.engine, handler=handler, stop=STOP, max_seconds=plan.max_seconds, drain=plan.drain,
+                progress=progress,
+            ),
+            grace_s=plan.engine.drain_timeout_s + 30,
+        )
+    summary = finish(context, engine, summary=result.to_summary(context.run_id), started_at=started_at)
+    stats = queue_stats(engine)
+    _, table = status_counts(engine, "payments")
+    context.log_event(
+        dg.AssetMaterialization(
+            asset_key="payment_status",
+            description="payment queue drain" if plan.drain else "resident payment worker",
+            # Numbers, so the UI's Plots tab charts them across drains.
+            metadata={
+                "done": summary["changed"],
+                "retried": int(summary.get("retried") or 0),
+                "failed": summary["failed"],
+                "throughput_per_s": float(result.per_s),
+                "oldest_due_s": float(stats["oldest_due_s"]),
+                "dlq_size": int(stats["dlq_size"]),
+                "breaker_state": BREAKER_CODES[result.breaker],
+                "breaker": dg.MetadataValue.text(result.breaker),
+                "breaker_opened": result.breaker_opened,
+                "payments_by_status": table,
+                "duration_s": summary["duration_s"],
+            },
+        )
+    )
+    return summary
+
+
+def _run_draining(fn: Any, *, grace_s: float) -> Any:
+    """Run the worker in a thread of its own and wait for it here.
+
+    A run termination (Dagster raises DagsterExecutionInterruptedError on the op's thread) then
+    lands in this wait, not inside the worker's event loop: STOP is set, the worker gives back its
+    claims and writes its results (up to `grace_s`), and only then does the interruption go on.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # re-raised on the op's thread below
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="payment-worker", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        STOP.set()
+        worker.join(grace_s)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+@dg.job(description="The payment worker: drain the queue once (drain=True) or stay resident until stopped; "
+        "claim due payments, call the handler, record results in bulk.",
+        tags={"batch_assets/kind": "queue"})
+def payment_queue_drain_job() -> None:
+    drain_payment_queue()
+
+
+# --- assets and checks ------------------------------------------------------------------------
+
+payments = observable_table(
+    "payments",
+    "SELECT status, count(*) AS n, max(created_at)::text AS latest FROM payments GROUP BY status",
+    "Payments (written by other services); processed by the payment queue.",
+)
+payment_status = dg.AssetSpec(
+    "payment_status",
+    deps=["payments"],
+    group_name=NIGHTLY,
+    description="Status of payments (NEW / PROCESSING / DONE / FAILED), maintained by payment_queue_drain_job.",
+    kinds={"postgres"},
+)
+
+STUCK_PAYMENTS_SQL = sa.text(
+    "SELECT count(*), min(claimed_until)::text FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()"
+)
+
+
+@dg.asset_check(asset="payment_status", description="No payment is stuck in PROCESSING past its claim lease.")
+def no_payment_stuck_in_processing(database: DatabaseResource) -> dg.AssetCheckResult:
+    with database.get_engine().connect() as conn:
+        stuck, oldest = conn.execute(STUCK_PAYMENTS_SQL).one()
+    return dg.AssetCheckResult(
+        passed=int(stuck) == 0, metadata={"stuck": int(stuck), "oldest_claimed_until": str(oldest or "")}
+    )
+
+
+@dg.asset_check(
+    asset="payment_status",
+    description="Size of the dead-letter queue (FAILED payments); warns when not empty (`queue dlq replay`).",
+)
+def dead_letter_queue_size(database: DatabaseResource) -> dg.AssetCheckResult:
+    size = dlq_size(database.get_engine())
+    return dg.AssetCheckResult(passed=size == 0, severity=dg.AssetCheckSeverity.WARN, metadata={"dlq_size": size})
+
+
+# --- the drain sensor ---------------------------------------------------------------------------
+
+
+def payment_queue_drain(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """The next drain, QUEUE_DRAIN_INTERVAL_S after the last one finished; never two at once."""
+    records = context.instance.get_run_records(
+        filters=dg.RunsFilter(job_name=payment_queue_drain_job.name), limit=1
+    )
+    last = records[0] if records else None
+    if last is not None:
+        run = last.dagster_run
+        if run.status in IN_PROGRESS:
+            return dg.SensorResult(skip_reason=dg.SkipReason(f"drain {run.run_id} is {run.status.value}"))
+        finished = last.end_time or (last.update_timestamp.timestamp() if last.update_timestamp else 0.0)
+        wait_s = finished + QUEUE_DRAIN_INTERVAL_S - time.time()
+        if wait_s > 0:
+            return dg.SensorResult(skip_reason=dg.SkipReason(f"next drain in {wait_s:.0f}s"))
+    # The run key names the previous run, so two racing ticks can never start two drains after it.
+    previous = last.dagster_run.run_id if last is not None else "none"
+    return dg.SensorResult(
+        run_requests=[
+            dg.RunRequest(
+                run_key=f"drain-after:{previous}",
+                run_config=dg.RunConfig(
+                    ops={"drain_payment_queue": QueueDrainConfig(max_seconds=QUEUE_DRAIN_MAX_SECONDS, drain=True)}
+                ),
+            )
+        ]
+    )
+
+
+def build_sensors(status: dg.DefaultSensorStatus) -> list[dg.SensorDefinition]:
+    return [
+        dg.sensor(
+            name="payment_queue_drain_sensor",
+            job=payment_queue_drain_job,
+            minimum_interval_seconds=10,
+            default_status=status,
+            description=f"Starts the next payment queue drain {QUEUE_DRAIN_INTERVAL_S}s after the last one "
+            "finished; never two at once, and none while a resident `queue work` run (the same job) is running.",
+        )(payment_queue_drain),
+    ]
+
+
+SPEC = JobSpec(
+    job=payment_queue_drain_job,
+    config=QueueDrainConfig,
+    config_op="drain_payment_queue",
+    assets=[payments, payment_status],
+    asset_checks=[no_payment_stuck_in_processing, dead_letter_queue_size],
+    sensors=build_sensors,
+)

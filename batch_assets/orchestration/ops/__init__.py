@@ -1,1 +1,0 @@
-"""Ops of the jobs: thin wrappers that validate config, call an engine and record its summary."""

@@ -1,0 +1,126 @@
+"""The job registry: every job of batch_assets, one line each.
+
+`definitions.py` (the code location) and the CLI (through `orchestration.launch`) read it. A new
+job is one folder, `batch_assets/domains/<name>/` with a `dagster.py` that declares its `SPEC`, and
+one line in `SPECS` below (docs/DESIGN.md walks through adding one).
+
+What spans the jobs is built here from their specs: the failure alert (which also gives back a
+failed run's lock), the asset checks run after every successful CLI run, and the observation of
+the business tables.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the sensor annotations at runtime.
+
+from typing import Any
+
+import dagster as dg
+
+from batch_assets.alerts import send_alert
+from batch_assets.domains.customer_status.dagster import SPEC as CUSTOMER_STATUS
+from batch_assets.domains.outbox.dagster import SPEC as OUTBOX_RELAY
+from batch_assets.domains.payments.dagster import SPEC as PAYMENT_QUEUE
+from batch_assets.domains.subscriptions.dagster import SPEC as SUBSCRIPTION_EXPIRY
+from batch_assets.errors import ConfigError
+from batch_assets.orchestration.automation import schedule_status, sensor_status
+from batch_assets.orchestration.spec import JobSpec
+from batch_assets.settings import load_settings
+
+SPECS: tuple[JobSpec, ...] = (
+    CUSTOMER_STATUS,
+    SUBSCRIPTION_EXPIRY,
+    PAYMENT_QUEUE,
+    OUTBOX_RELAY,
+)
+
+
+def spec_for(job_name: str) -> JobSpec:
+    """The spec of a job by any of its names (op job, executor variant, asset job); ConfigError if none."""
+    for spec in SPECS:
+        if job_name in spec.job_names:
+            return spec
+    raise ConfigError(f"unknown job {job_name!r}; known: {', '.join(s.name for s in SPECS)}", field="job")
+
+
+def op_jobs() -> list[dg.JobDefinition]:
+    """Every op job a launch may target (the jobs and their executor variants)."""
+    return [job for spec in SPECS for job in spec.op_jobs]
+
+
+def asset_jobs() -> list[Any]:
+    return [job for spec in SPECS for job in spec.asset_jobs]
+
+
+def assets() -> list[Any]:
+    return [asset for spec in SPECS for asset in spec.assets]
+
+
+def asset_checks() -> list[Any]:
+    return [check for spec in SPECS for check in spec.asset_checks]
+
+
+asset_checks_job = dg.define_asset_job(
+    "asset_checks_job",
+    selection=dg.AssetSelection.checks(*asset_checks()),
+    description="Evaluate every asset check (started after each successful CLI sweep, expiry, drain and relay).",
+)
+
+business_tables_observation_job = dg.define_asset_job(
+    "business_tables_observation_job",
+    selection=dg.AssetSelection.assets(*(a.key for a in assets() if isinstance(a, dg.SourceAsset))),
+    description="Observe the business tables (row counts by status).",
+)
+
+
+@dg.run_failure_sensor(
+    name="run_failure_alert_sensor",
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Alerts on every failed run: an error log entry, plus a POST to BATCH_ASSETS_ALERT_WEBHOOK if set. "
+    "A failed run of a job that holds a lock gives it back at once.",
+)
+def run_failure_alert_sensor(context: dg.RunFailureSensorContext) -> None:
+    run = context.dagster_run
+    error = context.failure_event.message if context.failure_event else "run failed"
+    text = f"batch_assets: run {run.run_id} of {run.job_name} FAILED: {error}"
+    context.log.error(text)
+    settings = load_settings()
+    release = next((s.release_after_failure for s in SPECS if run.job_name in s.job_names), None)
+    if release is not None:
+        release(run.root_run_id or run.run_id, settings)
+    send_alert(
+        text,
+        {"run_id": run.run_id, "job": run.job_name, "status": "FAILURE", "error": error},
+        settings.alert_webhook,
+    )
+
+
+def asset_checks_after_run(context: dg.RunStatusSensorContext) -> dg.RunRequest:
+    return dg.RunRequest(run_key=f"checks-after:{context.dagster_run.run_id}")
+
+
+def schedules(timezone: str, *, running: bool) -> list[dg.ScheduleDefinition]:
+    """Every job's schedules, in `timezone`, RUNNING or STOPPED by default."""
+    status = schedule_status(running)
+    return [s for spec in SPECS if spec.schedules for s in spec.schedules(timezone, status)]
+
+
+def sensors(*, running: bool) -> list[dg.SensorDefinition]:
+    """Every job's sensors plus the shared ones; those that start runs are RUNNING unless `running` is False.
+    The failure alert always runs."""
+    status = sensor_status(running)
+    return [
+        *(s for spec in SPECS if spec.sensors for s in spec.sensors(status)),
+        run_failure_alert_sensor,
+        dg.run_status_sensor(
+            name="asset_checks_after_run_sensor",
+            run_status=dg.DagsterRunStatus.SUCCESS,
+            monitored_jobs=[spec.job for spec in SPECS],
+            request_job=asset_checks_job,
+            default_status=status,
+            description="Runs every asset check after each successful CLI sweep, expiry, queue drain and relay "
+            "(the asset job runs its own checks).",
+        )(asset_checks_after_run),
+    ]
+
+
+__all__ = ["SPECS", "asset_checks", "asset_checks_job", "asset_jobs", "assets", "op_jobs", "schedules", "sensors",
+           "spec_for"]
