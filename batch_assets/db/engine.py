@@ -135,9 +135,19 @@ def translate_errors(engine: sa.Engine) -> Iterator[None]:
     try:
         yield
     except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
-        if isinstance(exc, sa.exc.OperationalError) and _is_query_error(exc):
+        translated = translated_error(engine.url, exc)
+        if translated is exc:
             raise
-        raise unavailable(engine.url, exc) from None
+        raise translated from None
+
+
+def translated_error(url: str | sa.URL, exc: BaseException) -> BaseException:
+    """`exc` as `translate_errors` raises it: a one-line `DatabaseUnavailable` when it is about reachability."""
+    if not isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+        return exc
+    if isinstance(exc, sa.exc.OperationalError) and _is_query_error(exc):
+        return exc
+    return unavailable(url, exc)
 
 
 def _is_query_error(exc: sa.exc.OperationalError) -> bool:

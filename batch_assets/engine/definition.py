@@ -16,6 +16,9 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
+from batch_assets.db.engine import is_transient
+from batch_assets.engine.result import WRITE_ERROR
+from batch_assets.engine.settings import MAX_PAGE_SIZE
 from batch_assets.errors import ConfigError
 
 Row = Any
@@ -100,13 +103,14 @@ UNCHANGED = RowOutcome()
 
 
 class WriteCounts:
-    """What a committed write did."""
+    """What a committed write did; `extra` holds the definition's own counters (summed into the result)."""
 
-    __slots__ = ("rows", "audit_events")
+    __slots__ = ("rows", "audit_events", "extra")
 
-    def __init__(self, rows: int = 0, audit_events: int = 0) -> None:
+    def __init__(self, rows: int = 0, audit_events: int = 0, extra: dict[str, int] | None = None) -> None:
         self.rows = rows
         self.audit_events = audit_events
+        self.extra = extra
 
 
 class WritePlan(ABC):
@@ -137,6 +141,33 @@ class WritePlan(ABC):
         """One row of the per-row fallback, inside its own short transaction."""
         return self.write_page(conn, (outcome,))
 
+    def write_retryable(self, exc: BaseException) -> bool:
+        """Whether a write transaction that failed with `exc` is run again as it is, on a fresh connection.
+
+        If not, a failed page write falls back to one transaction per row, and a failed row write fails
+        the row (`write_failure_kind`). Default: every transient failure (connection, server, timeout).
+        """
+        return is_transient(exc)
+
+    def write_failure_kind(self, exc: BaseException) -> str:
+        """The failure kind counted for a row whose own write failed with `exc`."""
+        return WRITE_ERROR
+
+    records_write_failures: bool = False
+    """True when `record_write_failure` writes something (else no transaction is opened for it)."""
+
+    def record_write_failure(self, conn: sa.Connection, outcome: RowOutcome, exc: BaseException) -> Any:
+        """Record a row's failed write, in a short transaction of its own after the failed one rolled back.
+
+        Only called when `records_write_failures`. Its return value goes to `failure_recorded` once the
+        transaction committed. If it fails for its own reason, the row simply keeps its stored state.
+        """
+        return None
+
+    def failure_recorded(self, outcome: RowOutcome, recorded: Any) -> None:
+        """Called after `record_write_failure`'s transaction committed, with what it returned."""
+        return None
+
 
 class SweepDefinition(WritePlan):
     """A sweep: which rows (per mode), how to compute one, how to write the changes."""
@@ -146,6 +177,15 @@ class SweepDefinition(WritePlan):
     ranged_modes: tuple[str, ...] = ("full",)
     """Modes that may be restricted to a CursorRange other than the whole key space."""
     uses_pre_check: bool = False
+    max_page_size: int = MAX_PAGE_SIZE
+    """Upper bound of settings.page_size for this sweep (how many keys one write statement may carry)."""
+
+    @classmethod
+    def check_page_size(cls, page_size: int) -> None:
+        """ConfigError naming page_size when it exceeds what this sweep's write statement may carry."""
+        if page_size > cls.max_page_size:
+            raise ConfigError(f"must be at most {cls.max_page_size} for this sweep, got {page_size}",
+                              field="page_size")
     failed_writes_stay_due: bool = False
     """True when a row whose write failed is still selected by the next run of this mode (e.g. a delta:
     the row keeps its due date). When False (a full sweep reads every row once), a page with such a row
@@ -159,11 +199,11 @@ class SweepDefinition(WritePlan):
     # Reading ---------------------------------------------------------------
 
     @abstractmethod
-    def first_page_sql(self) -> str:
-        """The mode's first-page statement (no cursor)."""
+    def first_page_sql(self) -> str | sa.TextClause:
+        """The mode's first-page statement (no cursor): driver SQL (`%(name)s`) or a named `sa.text`."""
 
     @abstractmethod
-    def after_page_sql(self) -> str:
+    def after_page_sql(self) -> str | sa.TextClause:
         """The mode's after-cursor statement: a separate statement, never `(:c IS NULL OR ...)`."""
 
     @abstractmethod
@@ -176,7 +216,8 @@ class SweepDefinition(WritePlan):
 
     def read_page(self, conn: sa.Connection, cursor: Cursor | None, limit: int, cursor_range: CursorRange) -> list:
         sql = self.first_page_sql() if cursor is None else self.after_page_sql()
-        result = conn.exec_driver_sql(sql, self.page_params(cursor, limit, cursor_range))
+        params = self.page_params(cursor, limit, cursor_range)
+        result = conn.exec_driver_sql(sql, params) if isinstance(sql, str) else conn.execute(sql, params)
         try:
             # Plain driver tuples (not sa.Row): the hot path's row type, ~25% cheaper per row to load.
             return list(result.cursor.fetchall())

@@ -25,7 +25,7 @@ class Counters:
     """Thread-safe run counters; merged once per page, never per row from several threads."""
 
     __slots__ = ("_lock", "scanned", "changed", "unchanged", "failed", "failed_by_type", "pages", "decrypted",
-                 "triggers", "audit_events")
+                 "triggers", "audit_events", "extra", "retries")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -38,6 +38,13 @@ class Counters:
         self.decrypted = 0
         self.triggers = 0
         self.audit_events = 0
+        self.extra: dict[str, int] = {}
+        self.retries = 0
+
+    def add_retry(self) -> None:
+        """One read or write transaction failed for a transient reason and is being retried."""
+        with self._lock:
+            self.retries += 1
 
     def merge(self, page: PageCounts) -> None:
         with self._lock:
@@ -51,6 +58,9 @@ class Counters:
             self.decrypted += page.decrypted
             self.triggers += page.triggers
             self.audit_events += page.audit_events
+            if page.extra:
+                for name, count in page.extra.items():
+                    self.extra[name] = self.extra.get(name, 0) + count
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -64,6 +74,8 @@ class Counters:
                 "decrypted": self.decrypted,
                 "triggers": self.triggers,
                 "audit_events": self.audit_events,
+                "extra": dict(self.extra),
+                "retries": self.retries,
             }
 
 
@@ -71,7 +83,7 @@ class PageCounts:
     """What one page did; only committed writes are counted as changed."""
 
     __slots__ = ("scanned", "changed", "unchanged", "failed", "failed_by_type", "decrypted", "triggers",
-                 "audit_events", "systemic")
+                 "audit_events", "systemic", "unwritten", "extra")
 
     def __init__(self) -> None:
         self.scanned = 0
@@ -83,6 +95,18 @@ class PageCounts:
         self.triggers = 0
         self.audit_events = 0
         self.systemic = 0
+        self.unwritten = 0
+        """Rows whose write failed for their own reason (the row keeps its stored state)."""
+        self.extra: dict[str, int] | None = None
+        """The definition's own counters of committed writes (`WriteCounts.extra`)."""
+
+    def add_extra(self, extra: dict[str, int] | None) -> None:
+        if not extra:
+            return
+        if self.extra is None:
+            self.extra = {}
+        for name, count in extra.items():
+            self.extra[name] = self.extra.get(name, 0) + count
 
     def fail(self, kind: str, count: int = 1, *, systemic: bool | None = None) -> None:
         self.failed += count
@@ -110,6 +134,14 @@ class SweepResult:
     duration_s: float = 0.0
     stopped_reason: str | None = None
     last_cursor: Any = None
+    extra: dict[str, int] = field(default_factory=dict)
+    """The definition's own counters (`WriteCounts.extra`), e.g. rows deleted with the changed ones."""
+    retries: int = 0
+    """Read or write transactions retried after a transient failure."""
+    gave_up_on: BaseException | None = None
+    """The transient error that outlasted its retries (the run then ended FAILURE), if any."""
+    gave_up_after: int = 0
+    """How many attempts that transaction made."""
 
     @property
     def ok(self) -> bool:

@@ -42,7 +42,6 @@ from batch_assets.engine.result import (
     FAILURE,
     INVALID_VALUE,
     SUCCESS,
-    WRITE_ERROR,
     Counters,
     PageCounts,
     SweepResult,
@@ -89,7 +88,9 @@ def run_sweep(
 ) -> SweepResult:
     """Run one sweep to completion, a stop, a lost lease or a tripped breaker; never raises for row data.
 
-    `settings` was validated when it was built (SweepSettings.__post_init__)."""
+    `settings` was validated when it was built (SweepSettings.__post_init__); only the page size is
+    checked here, against what this definition's write statement may carry."""
+    definition.check_page_size(settings.page_size)
     cursor_range = cursor_range or FULL_RANGE
     definition.check_range(cursor_range)
     return _Run(engine, definition, settings, ctx, checkpoints, guard, stop, cursor_range, progress).run()
@@ -123,6 +124,7 @@ class _Run:
         self._saved = True
         self._reader: sa.Connection | None = None
         self.unwritten = 0
+        self.gave_up: tuple[BaseException, int] | None = None
         self.limit = settings.page_size
         # SET_LOCAL_TIMEOUTS' parameters, computed once: sent first in every write transaction.
         page_s, row_s, lock_s = settings.page_timeout_s, settings.row_timeout_s, settings.lock_timeout_s
@@ -274,7 +276,7 @@ class _Run:
         window.popleft()
         self.counters.merge(page)
         reason = None
-        unwritten = page.failed_by_type.get(WRITE_ERROR, 0)
+        unwritten = page.unwritten
         if unwritten and not self.definition.failed_writes_stay_due:
             # Rows whose write failed and that no later run of this mode would select again: the low
             # watermark stays before this page and the run will end FAILURE (resumable from here).
@@ -331,8 +333,15 @@ class _Run:
 
     # Transient failures ----------------------------------------------------------
 
-    def _retrying(self, what: str, work: Callable[[], T], *, retries: int | None = None) -> T:
-        """`work()`, retried with exponential backoff while it fails for a transient reason.
+    def _retrying(
+        self,
+        what: str,
+        work: Callable[[], T],
+        *,
+        retries: int | None = None,
+        retryable: Callable[[BaseException], bool] = is_transient,
+    ) -> T:
+        """`work()`, retried with exponential backoff while it fails for a `retryable` (transient) reason.
 
         A failure caused by the statement or its data is raised as it is. A transient one that
         outlasts the retries, or one that happens while the run is stopping, raises PageNotDone.
@@ -343,10 +352,13 @@ class _Run:
             try:
                 return work()
             except Exception as exc:
-                if not is_transient(exc):
+                if not retryable(exc):
                     raise
                 if attempt >= retries or self._stopping():
+                    if self.gave_up is None:
+                        self.gave_up = (exc, attempt + 1)
                     raise PageNotDone(f"{what}: {error_text(exc)} (after {attempt + 1} attempt(s))") from exc
+                self.counters.add_retry()
                 log.warning("sweep %s: %s failed (%s); retry %d/%d in %.1fs", self.definition.name, what,
                             error_text(exc), attempt + 1, retries, delay)
                 if self._wait(delay):
@@ -389,6 +401,7 @@ class _Run:
         self, status: str, reason: str | None, resumed_from: Cursor | None, last_cursor: Cursor | None, seconds: float
     ) -> SweepResult:
         c = self.counters.snapshot()
+        gave_up_on, gave_up_after = self.gave_up if self.gave_up is not None else (None, 0)
         return SweepResult(
             status=status,
             run_id=self.ctx.run_id,
@@ -407,6 +420,10 @@ class _Run:
             duration_s=seconds,
             stopped_reason=reason,
             last_cursor=last_cursor,
+            extra=c["extra"],
+            retries=c["retries"],
+            gave_up_on=gave_up_on,
+            gave_up_after=gave_up_after,
         )
 
     # The prefetch thread ------------------------------------------------------
@@ -537,6 +554,7 @@ class _Run:
                     )
                     page.changed += counts.rows
                     page.audit_events += counts.audit_events
+                    page.add_extra(counts.extra)
                     page.unchanged += successes - counts.rows  # changed concurrently since the read: left alone
                     return
                 except sa.exc.DBAPIError as exc:
@@ -560,16 +578,34 @@ class _Run:
             counts = held.transaction(
                 self, "row write", self.row_timeouts, lambda conn: definition.write_row(conn, outcome)
             )
-        except sa.exc.DBAPIError as exc:  # not transient (is_transient ones are retried, then PageNotDone)
+        except sa.exc.DBAPIError as exc:  # the row's own failure (retryable ones are retried, then PageNotDone)
             if outcome.failure is None:
-                page.fail(WRITE_ERROR)
+                page.fail(definition.write_failure_kind(exc))
+                page.unwritten += 1
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("sweep %s: row write failed: %s", definition.name, error_text(exc))
+            if definition.records_write_failures:
+                self._record_failure(held, outcome, exc)
             return
         if outcome.failure is None:
             page.changed += counts.rows
             page.audit_events += counts.audit_events
+            page.add_extra(counts.extra)
             page.unchanged += 1 - counts.rows
+
+    def _record_failure(self, held: _PageConnection, outcome: RowOutcome, exc: sa.exc.DBAPIError) -> None:
+        """The definition's record of a failed row write, in a short transaction of its own."""
+        definition = self.definition
+        try:
+            recorded = held.transaction(
+                self, "failure record", self.row_timeouts,
+                lambda conn: definition.record_write_failure(conn, outcome, exc),
+            )
+        except sa.exc.DBAPIError as record_exc:  # e.g. the row itself is locked: it keeps its stored state
+            log.warning("sweep %s: a failed row write was not recorded (%s)", definition.name,
+                        error_text(record_exc))
+            return
+        definition.failure_recorded(outcome, recorded)
 
 
 def _discard(conn: sa.Connection) -> None:
@@ -616,4 +652,4 @@ class _PageConnection:
                     _discard(conn)
                 raise
 
-        return run._retrying(what, once)
+        return run._retrying(what, once, retryable=run.definition.write_retryable)

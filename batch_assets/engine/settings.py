@@ -16,6 +16,9 @@ from batch_assets.errors import ConfigError
 MAX_PAGE_SIZE = 1000
 """Upper bound of a page: an IN list / unnest array stays within the classic 1,000 limit."""
 
+ABSOLUTE_MAX_PAGE_SIZE = 10_000
+"""The largest page any sweep may allow (`SweepDefinition.max_page_size`; the default is MAX_PAGE_SIZE)."""
+
 MAX_WORKERS = 32
 MAX_POOL_SIZE = 64
 """A range's connection budget: with several ranges in parallel (multiprocess) the server's
@@ -93,10 +96,14 @@ class SweepSettings:
         return cls(**values)
 
     def __post_init__(self) -> None:
-        self.validate()
+        # The page bound of a particular sweep (SweepDefinition.max_page_size) is checked by run_sweep.
+        self.validate(max_page_size=ABSOLUTE_MAX_PAGE_SIZE)
 
-    def validate(self) -> None:
-        """Raise `ConfigError(field=...)` for the first invalid value."""
+    def validate(self, *, max_page_size: int = MAX_PAGE_SIZE) -> None:
+        """Raise `ConfigError(field=...)` for the first invalid value.
+
+        `max_page_size` replaces MAX_PAGE_SIZE for a sweep whose write statement carries more keys.
+        """
         for name in ("page_size", "workers", "window", "breaker_min_rows", "summary_every_pages", "pool_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,7 +128,7 @@ class SweepSettings:
             math.isfinite(self.lock_min_s) and self.lock_min_s >= 0
         ):
             raise ConfigError(f"must be a number >= 0, got {self.lock_min_s!r}", field="lock_min_s")
-        for name, maximum in MAXIMA.items():
+        for name, maximum in {**MAXIMA, "page_size": max_page_size}.items():
             value = getattr(self, name)
             if value > maximum:
                 raise ConfigError(f"must be at most {maximum}, got {value!r}", field=name)

@@ -443,3 +443,104 @@ def test_rows_reaching_max_retries_are_reported_by_id(engine: sa.Engine) -> None
     retry = run_expiry(engine, run_date=RUN_DATE, settings=settings, retry_failed=True)
     assert (retry.expired, retry.failed, retry.exhausted, retry.exhausted_ids) == (1, 1, 1, [1])
     assert retry.to_summary("r")["retries_exhausted"] == 1
+
+
+def _wait_until(predicate, *, timeout: float, what: str):
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        pause.wait(0.02)
+
+
+def test_a_connection_lost_inside_a_batch_write_is_retried_on_a_fresh_connection(engine: sa.Engine) -> None:
+    """The guarded run's backend is terminated while its batch write waits on a lock: that transaction rolls back
+    whole and is run again on a fresh connection; the run ends SUCCESS with every subscription all-or-nothing."""
+    _insert(engine, [(i, date(2024, 5, i), "ACTIVE") for i in range(1, 25)])
+    blocker = engine.connect()
+    blocking = blocker.begin()
+    # An enrollment of subscription 15 (second batch of 10) is locked: that batch's write waits on it.
+    blocker.execute(sa.text("SELECT id FROM enrollments WHERE subscription_id = 15 FOR UPDATE")).all()
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(run_expiry_job(
+                engine, run_date=RUN_DATE, run_id="r-kill", lock=PostgresJobLock(engine),
+                settings=_settings(batch_size=10, row_timeout_s=60, batch_timeout_s=60, lock_ttl_s=120,
+                                   lock_min_s=0.001, retry_backoff_s=0.01),
+            ))
+        except BaseException as exc:  # reported by the assertions below
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run, name="expiry-under-test")
+    runner.start()
+    try:
+        waiting_pid = _wait_until(lambda: _scalar(engine, (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+            "AND query LIKE '%WITH expired AS%'")), timeout=30, what="the batch write to wait on the lock")
+        assert _scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=waiting_pid)
+    finally:
+        blocking.rollback()
+        blocker.close()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    result = outcome[0]
+    assert isinstance(result, ExpiryResult), result
+    assert (result.status, result.expired, result.failed, result.batch_retries) == ("SUCCESS", 24, 0, 1)
+    _all_or_nothing(engine, 2)
+    assert {s.status for s in _subs(engine).values()} == {"EXPIRED"}
+
+
+def _scalar(engine: sa.Engine, sql: str, **params: object) -> object:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).scalar()
+
+
+def test_a_connection_lost_while_recording_a_failure_retries_only_that_record(engine: sa.Engine) -> None:
+    """The backend is terminated while MARK_FAILED waits: only that record is run again on a fresh connection,
+    so the failed row is counted once and marked once (before, the whole batch was redone and counted it twice)."""
+    _insert(engine, [(i, date(2024, 6, i), "ACTIVE") for i in range(1, 6)])
+    _install_failure(engine, 3)
+    with engine.begin() as conn:  # recording a failure waits on advisory lock 4242 while the test holds it
+        conn.execute(sa.text(
+            "CREATE FUNCTION test_wait_on_mark() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END; $$"))
+        conn.execute(sa.text(
+            "CREATE TRIGGER test_wait_on_mark BEFORE UPDATE ON subscriptions FOR EACH ROW "
+            "WHEN (NEW.status = 'FAILED') EXECUTE FUNCTION test_wait_on_mark()"))
+    holder = engine.connect()
+    holder.execute(sa.text("SELECT pg_advisory_lock(4242)"))
+    holder.commit()
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(run_expiry(engine, run_date=RUN_DATE,
+                                      settings=_settings(row_timeout_s=60, retry_backoff_s=0.01)))
+        except BaseException as exc:  # reported by the assertions below
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run, name="expiry-under-test")
+    runner.start()
+    try:
+        waiting_pid = _wait_until(lambda: _scalar(engine, (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+            "AND query LIKE '%retry_count + 1%'")), timeout=30, what="the failure record to wait on the lock")
+        assert _scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=waiting_pid)
+    finally:
+        holder.execute(sa.text("SELECT pg_advisory_unlock(4242)"))
+        holder.close()
+        runner.join(timeout=60)
+    assert not runner.is_alive()
+    result = outcome[0]
+    assert isinstance(result, ExpiryResult), result
+    assert (result.status, result.expired, result.failed, result.batch_retries) == ("SUCCESS", 4, 1, 1)
+    assert result.failed_by_type == {"raise_exception": 1}
+    subs = _subs(engine)
+    assert (subs[3].status, subs[3].retry_count, subs[3].enrollments) == ("FAILED", 1, 2)

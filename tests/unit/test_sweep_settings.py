@@ -18,7 +18,7 @@ def test_zero_and_none_mean_the_default() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"page_size": 1001}, "page_size"),
+        ({"page_size": 10_001}, "page_size"),
         ({"page_size": -5}, "page_size"),
         ({"workers": -1}, "workers"),
         ({"window": "3"}, "window"),
@@ -40,3 +40,19 @@ def test_invalid_values_name_their_field(kwargs: dict, field: str) -> None:
 def test_connection_budget_fits_exactly() -> None:
     """workers + prefetch + side-effect + heartbeat may use the whole pool, not more."""
     assert SweepSettings.build(workers=7, pool_size=10).connections_needed == 10
+
+
+def test_a_definition_may_allow_larger_pages() -> None:
+    """Settings are built up to the absolute page bound; validate(max_page_size=...) is a sweep's own bound
+    (run_sweep checks SweepDefinition.max_page_size, 1,000 by default)."""
+    settings = SweepSettings(page_size=5000)
+    with pytest.raises(ConfigError) as info:
+        settings.validate()
+    assert info.value.field == "page_size"
+    settings.validate(max_page_size=10_000)
+    with pytest.raises(ConfigError):
+        settings.validate(max_page_size=4999)
+    with pytest.raises(ConfigError) as info:
+        SweepSettings(page_size=10_001)
+    assert info.value.field == "page_size"
+

@@ -45,6 +45,7 @@ def run_customer_status_sweep(
         settings = SweepSettings.build()
     elif isinstance(settings, dict):
         settings = SweepSettings.build(**settings)
+    CustomerStatusSweep.check_page_size(settings.page_size)
     if cursor_range is not None and not cursor_range.is_full and mode == "delta":
         raise ConfigError("delta runs over the whole key space only", field="cursor_range")
     with engine.connect() as conn:

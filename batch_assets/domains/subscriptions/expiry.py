@@ -1,20 +1,20 @@
-"""The nightly subscription expiry (CONTRACT §6).
+"""The nightly subscription expiry (CONTRACT §6): its settings, result and run functions.
 
-Transaction shape, and why:
-- Batches are read in keyset order (expiry_date, id) on `subscriptions_expiring_idx`, one
-  bounded read per batch with no transaction kept open, so memory is bounded by batch_size
-  and a row that could not be handled is never fetched again by the same run.
-- Each subscription is expired in its own short transaction (status EXPIRED + its enrollments
-  deleted, or neither), with SET LOCAL statement and lock timeouts, so one bad or locked row
-  cannot poison or stall the others (a failed statement aborts its whole transaction).
-- A failure is recorded (FAILED, retry_count + 1, last_error) in a second transaction of its
-  own, after the first one rolled back; FAILED rows leave the nightly selection.
+The expiry runs on the sweep engine (`engine.runner.run_sweep`) as the `ExpirySweep` definition
+(sweep.py; statements in sql.py): keyset batches read with no transaction open, each batch expired by
+one statement in a short transaction with SET LOCAL timeouts, or, when a row fails for its own reason,
+one subscription per transaction (EXPIRE_ONE + DELETE_ENROLLMENTS), a failed one recorded FAILED in a
+transaction of its own. A connection or server failure is retried on a fresh connection; every write
+transaction fences the run's lease. Sequential on purpose (one worker, a window of one batch): batches
+are small writes, and a stop or a lost lock ends the run after the batch in hand.
+
+No checkpoint: the selection is its own low watermark (an expired or FAILED row leaves it), so a new
+run after a failure starts from the beginning and finds only what is still to do.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import Counter
@@ -25,113 +25,40 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from batch_assets.db.engine import translate_errors
-from batch_assets.errors import ConfigError, DatabaseUnavailable, LeaseLost
+from batch_assets.db.engine import translated_error
+from batch_assets.domains.subscriptions.sql import NIGHTLY_BATCH, RETRY_BATCH
+from batch_assets.domains.subscriptions.sweep import (
+    ENROLLMENTS_DELETED,
+    MAX_ALERT_IDS,
+    MAX_BATCH_SIZE,
+    NIGHTLY,
+    RETRY_FAILED,
+    ExpirySweep,
+)
+from batch_assets.engine.definition import RunContext, RunGuardLike
+from batch_assets.engine.result import SUCCESS, SweepResult
+from batch_assets.engine.runner import run_sweep
+from batch_assets.engine.settings import MAXIMA, SweepSettings
+from batch_assets.errors import ConfigError, LeaseLost, error_text
 from batch_assets.knobs import build_settings, check_positive_fields
-from batch_assets.locking.lock import JobLock
+from batch_assets.locking.guard import RunGuard, job_guard
+from batch_assets.locking.lock import JobLock, PostgresJobLock
 
 log = logging.getLogger(__name__)
 
 JOB_LOCK_NAME = "subscription_expiry"
-ERROR_MAX_CHARS = 500
-_MIN_BIGINT = -(2**63)
+MAX_BATCH_FAILURES = int(MAXIMA["transient_retries"]) + 1
 
-# NIGHTLY_BATCH — next ACTIVE subscriptions past their expiry, keyset on (expiry_date, id).
-#   :run_date    date    expire rows with expiry_date < run date
-#   :after_date  date    keyset: expiry_date of the last row seen (NULL at the start = -infinity)
-#   :after_id    bigint  keyset: id of the last row seen (the smallest bigint at the start)
-#   :limit       int     batch size
-NIGHTLY_BATCH = sa.text(
-    """
-SELECT id, expiry_date
-  FROM subscriptions
- WHERE status = 'ACTIVE' AND expiry_date < :run_date
-   AND (expiry_date, id) > (coalesce(CAST(:after_date AS date), '-infinity'::date), :after_id)
- ORDER BY expiry_date, id
- LIMIT :limit
-"""
-)
-
-# RETRY_BATCH — next FAILED subscriptions still under the retry limit, keyset on id
-# (subscriptions_failed_idx).
-#   :run_date     date    only rows still past their expiry
-#   :max_retries  int     retry_count must be below this
-#   :after_id     bigint  keyset: id of the last row seen (the smallest bigint at the start)
-#   :limit        int     batch size
-RETRY_BATCH = sa.text(
-    """
-SELECT id, expiry_date
-  FROM subscriptions
- WHERE status = 'FAILED' AND retry_count < :max_retries AND expiry_date < :run_date
-   AND id > :after_id
- ORDER BY id
- LIMIT :limit
-"""
-)
-
-# SET_TIMEOUTS — transaction-local statement and lock timeouts (SET LOCAL takes no parameters).
-#   :statement_timeout  text  statement_timeout in milliseconds
-#   :lock_timeout       text  lock_timeout in milliseconds
-# (the same parameters as the lease fence's preamble, which replaces it under a guard)
-SET_TIMEOUTS = sa.text(
-    "SELECT set_config('statement_timeout', :statement_timeout, true), "
-    "set_config('lock_timeout', :lock_timeout, true)"
-)
-
-# EXPIRE_ONE — mark one subscription EXPIRED if it is still in the expected state and past its expiry.
-#   :id           bigint  subscription id
-#   :from_status  text    ACTIVE (nightly) or FAILED (retry)
-#   :run_date     date    the run date
-# Returns the id when the row was changed; nothing when another writer changed it meanwhile.
-EXPIRE_ONE = sa.text(
-    """
-UPDATE subscriptions
-   SET status = 'EXPIRED', last_error = NULL
- WHERE id = :id AND status = :from_status AND expiry_date < :run_date
-RETURNING id
-"""
-)
-
-# EXPIRE_BATCH — a whole batch in one statement: mark EXPIRED every subscription still in the
-# expected state and past its expiry, and delete exactly those subscriptions' enrollments. Run
-# in one short transaction, so each subscription is still all-or-nothing; if the statement fails
-# (one bad row), the batch is redone one subscription per transaction.
-#   :ids          bigint[] subscription ids of the batch
-#   :from_status  text     ACTIVE (nightly) or FAILED (retry)
-#   :run_date     date     the run date
-# Returns one row: (subscriptions expired, enrollments deleted).
-EXPIRE_BATCH = sa.text(
-    """
-WITH expired AS (
-    UPDATE subscriptions
-       SET status = 'EXPIRED', last_error = NULL
-     WHERE id = ANY(CAST(:ids AS bigint[])) AND status = :from_status AND expiry_date < :run_date
-    RETURNING id
-), deleted AS (
-    DELETE FROM enrollments WHERE subscription_id IN (SELECT id FROM expired)
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM deleted)
-"""
-)
-
-# DELETE_ENROLLMENTS — the enrollments of one subscription (enrollments_subscription_idx).
-#   :id  bigint  subscription id
-DELETE_ENROLLMENTS = sa.text("DELETE FROM enrollments WHERE subscription_id = :id")
-
-# MARK_FAILED — record a failed expiry: FAILED, retry_count + 1, last_error.
-#   :id           bigint  subscription id
-#   :from_status  text    the state the row was selected in (ACTIVE or FAILED)
-#   :error        text    one line, clipped
-# Returns the new retry_count (nothing when another writer changed the row meanwhile).
-MARK_FAILED = sa.text(
-    """
-UPDATE subscriptions
-   SET status = 'FAILED', retry_count = retry_count + 1, last_error = :error
- WHERE id = :id AND status = :from_status
-RETURNING retry_count
-"""
-)
+__all__ = [
+    "JOB_LOCK_NAME",
+    "MAX_ALERT_IDS",
+    "NIGHTLY_BATCH",
+    "RETRY_BATCH",
+    "ExpiryResult",
+    "ExpirySettings",
+    "run_expiry",
+    "run_expiry_job",
+]
 
 
 @dataclass(frozen=True)
@@ -146,17 +73,18 @@ class ExpirySettings:
     heartbeat_s: float = 10  # renewal interval of lock and lease
     row_timeout_s: float = 5  # statement_timeout of each per-row transaction; lock_timeout is half of it
     batch_timeout_s: float = 30  # statement_timeout of the one-statement batch transaction
-    max_batch_failures: int = 3  # consecutive transient batch failures before the run ends FAILURE
+    max_batch_failures: int = 3  # attempts of a write or read failing on the connection before the run ends FAILURE
     retry_backoff_s: float = 1.0  # wait after the first transient failure, doubled after each next one
 
     def __post_init__(self) -> None:
         check_positive_fields(self)
-        if self.batch_size > 10_000:
-            raise ConfigError(f"must be <= 10000, got {self.batch_size}", field="batch_size")
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise ConfigError(f"must be <= {MAX_BATCH_SIZE}, got {self.batch_size}", field="batch_size")
         if self.max_retries > 1000:
             raise ConfigError(f"must be <= 1000, got {self.max_retries}", field="max_retries")
-        if self.max_batch_failures > 100:
-            raise ConfigError(f"must be <= 100, got {self.max_batch_failures}", field="max_batch_failures")
+        if self.max_batch_failures > MAX_BATCH_FAILURES:
+            raise ConfigError(f"must be <= {MAX_BATCH_FAILURES}, got {self.max_batch_failures}",
+                              field="max_batch_failures")
         if self.retry_backoff_s > 60:
             raise ConfigError(f"must be <= 60, got {self.retry_backoff_s}", field="retry_backoff_s")
         if self.lock_min_s > self.lock_ttl_s:
@@ -176,9 +104,25 @@ class ExpirySettings:
         """Settings from keyword overrides; a value of 0 or None takes the default; unknown names are errors."""
         return build_settings(cls, overrides)
 
-
-MAX_ALERT_IDS = 1000
-"""At most this many subscription ids are kept for the retries-exhausted alert (memory stays bounded)."""
+    def to_sweep_settings(self) -> SweepSettings:
+        """The engine's settings: one worker and a window of one batch, no breaker (every row is independent)."""
+        return SweepSettings(
+            page_size=self.batch_size,
+            workers=1,
+            window=1,
+            page_timeout_s=max(self.batch_timeout_s, self.row_timeout_s),
+            row_timeout_s=self.row_timeout_s,
+            # Below statement_timeout, so a row lock held by another writer is reported as
+            # lock_not_available rather than as a generic statement timeout.
+            lock_timeout_s=self.row_timeout_s / 2,
+            breaker_ratio=1.0,
+            heartbeat_s=self.heartbeat_s,
+            lease_ttl_s=self.lease_ttl_s,
+            lock_ttl_s=self.lock_ttl_s,
+            lock_min_s=self.lock_min_s,
+            transient_retries=self.max_batch_failures - 1,
+            retry_backoff_s=self.retry_backoff_s,
+        )
 
 
 @dataclass
@@ -186,7 +130,7 @@ class ExpiryResult:
     """Counters of one expiry run."""
 
     run_date: date
-    mode: str = "nightly"  # nightly | retry_failed
+    mode: str = NIGHTLY  # nightly | retry_failed
     scanned: int = 0  # rows selected
     expired: int = 0  # rows set EXPIRED (their enrollments deleted)
     unchanged: int = 0  # selected, but changed by another writer before this run got to them
@@ -196,10 +140,10 @@ class ExpiryResult:
     batches: int = 0
     max_batch_rows: int = 0
     duration_s: float = 0.0
-    stopped_by: str = ""  # done | stop | lock_lost | lease_lost | batch_failures
-    status: str = "SUCCESS"
+    stopped_by: str = ""  # done | stop | lock_lost | lease_lost | batch_failures | error
+    status: str = SUCCESS
     error: str | None = None
-    batch_retries: int = 0  # transient batch failures that were retried
+    batch_retries: int = 0  # reads or writes that failed on the connection and were retried
     exhausted: int = 0  # rows whose failure this run brought retry_count to max_retries
     exhausted_ids: list[int] = field(default_factory=list)  # the first MAX_ALERT_IDS of them
 
@@ -226,34 +170,42 @@ class ExpiryResult:
             summary["error"] = self.error
         return summary
 
+    def take_counters(self, counters: Mapping[str, Any]) -> None:
+        """Take the engine's counters (a progress snapshot or a finished run's)."""
+        self.max_batch_rows = max(self.max_batch_rows, counters["scanned"] - self.scanned)
+        self.scanned = counters["scanned"]
+        self.expired = counters["changed"]
+        self.unchanged = counters["unchanged"]
+        self.failed = counters["failed"]
+        self.failed_by_type = Counter({k: n for k, n in counters["failed_by_type"].items() if n})
+        self.batches = counters["pages"]
+        self.enrollments_deleted = counters["extra"].get(ENROLLMENTS_DELETED, 0)
+        self.batch_retries = counters["retries"]
 
-Fence = Callable[[sa.Connection, Mapping[str, str]], None]
-"""Inside a write transaction: set its timeouts and check the run still owns its lease (raises LeaseLost)."""
 
+class _LockedRunGuard:
+    """The run's guard as the engine sees it: before each batch the job lock is renewed too, so a run
+    whose lock was taken over stops after the batch in hand; notes why the run lost its right to write."""
 
-@dataclass
-class _Position:
-    """The keyset position: everything before it has been handled (committed or recorded as failed)."""
+    def __init__(self, guard: RunGuard, lock: JobLock, ttl_s: float) -> None:
+        self.guard = guard
+        self.owner = guard.owner
+        self.lock = lock
+        self.ttl_s = ttl_s
+        self.lost: tuple[str, str | None] | None = None
 
-    after_date: date | None = None
-    after_id: int = _MIN_BIGINT
+    def fence(self, conn: sa.Connection, timeouts: Mapping[str, str] | None = None) -> None:
+        try:
+            self.guard.fence(conn, timeouts)
+        except LeaseLost as exc:
+            self.lost = self.lost or ("lease_lost", str(exc))
+            raise
 
-
-def _transient(exc: BaseException) -> bool:
-    """A failure of the connection or the server, worth retrying the batch on a fresh connection."""
-    if isinstance(exc, DatabaseUnavailable):
-        return True
-    if isinstance(exc, sa.exc.DBAPIError):
-        sqlstate = getattr(exc.orig, "sqlstate", None) or ""
-        return (
-            exc.connection_invalidated
-            or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) and not sqlstate.startswith("57014")
-            or sqlstate.startswith("08")
-            or sqlstate.startswith("57P")
-            or sqlstate in ("40001", "40P01")
-        )
-    # SQLAlchemy's "Can't reconnect until invalid transaction is rolled back" and friends.
-    return isinstance(exc, sa.exc.PendingRollbackError | sa.exc.ResourceClosedError)
+    def alive(self) -> bool:
+        if self.guard.alive() and self.lock.extend(JOB_LOCK_NAME, self.owner, self.ttl_s):
+            return True
+        self.lost = self.lost or ("lock_lost", None)
+        return False
 
 
 def run_expiry(
@@ -264,147 +216,69 @@ def run_expiry(
     retry_failed: bool = False,
     stop: threading.Event | None = None,
     progress: Callable[[ExpiryResult], None] | None = None,
-    keep_alive: Callable[[], bool] | None = None,
-    fence: Fence | None = None,
+    guard: RunGuardLike | None = None,
+    run_id: str = "expiry",
 ) -> ExpiryResult:
     """Expire ACTIVE subscriptions with expiry_date < run_date (or, retry_failed=True, retry FAILED ones).
 
-    Each row is expired atomically in its own transaction; a row that fails is marked FAILED
-    (retry_count + 1, last_error) in a transaction of its own and the run goes on. A transient
-    failure of a batch (connection lost, server restart, deadlock) is retried from the same keyset
-    position on a fresh connection after a backoff; after `max_batch_failures` consecutive ones the
-    run ends FAILURE (`stopped_by` = "batch_failures"). `keep_alive` is called after each batch (e.g.
-    to check the job lock); False stops the run. `fence` (from the run's guard) starts every write
-    transaction; a lost lease ends the run FAILURE before it writes anything more.
+    Each row is expired atomically; a row that fails is marked FAILED (retry_count + 1, last_error) in a
+    transaction of its own and the run goes on. A read or write that fails on the connection or the
+    server is retried on a fresh connection after a backoff; after `max_batch_failures` attempts the
+    run ends FAILURE (`stopped_by` = "batch_failures"). `guard` (the run's, see run_expiry_job) fences
+    every write transaction and is asked before each batch; a lost lease or lock ends the run FAILURE.
     """
     if not isinstance(run_date, date):
         raise ConfigError(f"must be a date, got {run_date!r}", field="run_date")
     started = time.monotonic()
-    result = ExpiryResult(run_date=run_date, mode="retry_failed" if retry_failed else "nightly")
-    position = _Position()
-    consecutive = 0
-    batches_at_last_failure = -1
-    backoff = settings.retry_backoff_s
-    reason = "done"
-    while True:
-        try:
-            with translate_errors(engine), engine.connect() as conn:
-                reason = _run_batches(
-                    conn, position, result, settings=settings, run_date=run_date, retry_failed=retry_failed,
-                    stop=stop, progress=progress, keep_alive=keep_alive, fence=fence, started=started,
-                )
-            break
-        except LeaseLost as exc:
-            reason, result.error = "lease_lost", str(exc)
-            break
-        except Exception as exc:
-            if not _transient(exc):
-                raise
-            # Only consecutive failures count: a batch that succeeded since the last one resets the count.
-            consecutive = 1 if result.batches > batches_at_last_failure else consecutive + 1
-            batches_at_last_failure = result.batches
-            what = _one_line(exc)
-            if consecutive >= settings.max_batch_failures:
-                reason = "batch_failures"
-                result.error = f"{consecutive} consecutive batch failures; last: {what}"
-                log.error("subscription expiry: %s", result.error)
-                break
-            result.batch_retries += 1
-            log.warning("subscription expiry: batch failed (%s); retry %d of %d in %.1fs",
-                        what, consecutive, settings.max_batch_failures - 1, backoff)
-            if stop is not None and stop.wait(backoff) or stop is None and _sleep(backoff):
-                reason = "stop"
-                break
-            backoff = min(backoff * 2, 60.0)
-    stopped = reason == "stop" or (reason != "done" and stop is not None and stop.is_set())
-    if reason in ("lock_lost", "lease_lost", "batch_failures") or stopped:
-        # A stop (SIGTERM, run termination) before the last batch leaves due subscriptions ACTIVE: the run
-        # did not do its work, so it is not SUCCESS; the next run picks them up (they are still due).
-        result.status = "FAILURE"
-        if stopped and not result.error:
-            result.error = "stopped before every due subscription was expired; the next run continues"
-    result.stopped_by = "stop" if stopped else reason
-    result.duration_s = time.monotonic() - started
-    log.info(
-        "subscription expiry %s run_date=%s: scanned=%d expired=%d failed=%d",
-        result.mode,
-        run_date,
-        result.scanned,
-        result.expired,
-        result.failed,
-    )
-    return result
+    mode = RETRY_FAILED if retry_failed else NIGHTLY
+    definition = ExpirySweep(mode, run_date=run_date, max_retries=settings.max_retries)
+    result = ExpiryResult(run_date=run_date, mode=mode)
 
-
-def _sleep(seconds: float) -> bool:
-    time.sleep(seconds)  # a retry backoff in the product, not a test synchronisation
-    return False
-
-
-def _one_line(exc: BaseException) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-    return f"{type(orig).__name__}: {first}"[:ERROR_MAX_CHARS]
-
-
-def _run_batches(
-    conn: sa.Connection,
-    position: _Position,
-    result: ExpiryResult,
-    *,
-    settings: ExpirySettings,
-    run_date: date,
-    retry_failed: bool,
-    stop: threading.Event | None,
-    progress: Callable[[ExpiryResult], None] | None,
-    keep_alive: Callable[[], bool] | None,
-    fence: Fence | None,
-    started: float,
-) -> str:
-    """Batches from `position` until done; returns the stop reason. Connection errors propagate."""
-    from_status = "FAILED" if retry_failed else "ACTIVE"
-    # lock_timeout below statement_timeout, so a row lock held by another writer is
-    # reported as lock_not_available rather than as a generic statement timeout.
-    timeouts = {
-        "statement_timeout": str(max(1, round(settings.row_timeout_s * 1000))),
-        "lock_timeout": str(max(1, round(settings.row_timeout_s * 500))),
-    }
-    batch_timeouts = {
-        "statement_timeout": str(max(1, round(settings.batch_timeout_s * 1000))),
-        "lock_timeout": timeouts["lock_timeout"],
-    }
-    writer = _Writer(fence, settings.max_retries)
-    while True:
-        if stop is not None and stop.is_set():
-            return "stop"
-        with conn.begin():
-            if retry_failed:
-                params = {"run_date": run_date, "max_retries": settings.max_retries, "after_id": position.after_id}
-                batch = conn.execute(RETRY_BATCH, {**params, "limit": settings.batch_size}).all()
-            else:
-                params = {"run_date": run_date, "after_date": position.after_date, "after_id": position.after_id}
-                batch = conn.execute(NIGHTLY_BATCH, {**params, "limit": settings.batch_size}).all()
-        if not batch:
-            return "done"
-        if writer.expire_batch(conn, [row.id for row in batch], from_status, run_date, batch_timeouts, result):
-            result.scanned += len(batch)
-            position.after_date, position.after_id = batch[-1].expiry_date, batch[-1].id
-        else:
-            for row in batch:
-                if stop is not None and stop.is_set():
-                    break
-                writer.expire_one(conn, row.id, from_status, run_date, timeouts, result)
-                result.scanned += 1
-                position.after_date, position.after_id = row.expiry_date, row.id
-        result.batches += 1
-        result.max_batch_rows = max(result.max_batch_rows, len(batch))
+    def on_batch(counters: dict[str, Any]) -> None:
+        result.take_counters(counters)
         result.duration_s = time.monotonic() - started
         if progress is not None:
             progress(result)
-        if keep_alive is not None and not keep_alive():
-            return "lock_lost"
-        if len(batch) < settings.batch_size:
-            return "done"
+
+    sweep = run_sweep(
+        engine,
+        definition,
+        settings.to_sweep_settings(),
+        RunContext(run_id=run_id, mode=mode, run_date=run_date),
+        guard=guard,
+        stop=stop,
+        progress=on_batch,
+    )
+    result.take_counters({**sweep.to_summary(), "extra": sweep.extra, "retries": sweep.retries})
+    result.exhausted, result.exhausted_ids = definition.exhausted, list(definition.exhausted_ids)
+    lost = guard.lost if isinstance(guard, _LockedRunGuard) else None
+    result.stopped_by, result.error = _why_stopped(engine, sweep, stop, lost)
+    if sweep.status != SUCCESS:
+        result.status = sweep.status
+    result.duration_s = time.monotonic() - started
+    log.info("subscription expiry %s run_date=%s: scanned=%d expired=%d failed=%d",
+             result.mode, run_date, result.scanned, result.expired, result.failed)
+    return result
+
+
+def _why_stopped(
+    engine: sa.Engine, sweep: SweepResult, stop: threading.Event | None, lost: tuple[str, str | None] | None
+) -> tuple[str, str | None]:
+    """(stopped_by, error) of a finished run."""
+    if sweep.status == SUCCESS:
+        return "done", None
+    if stop is not None and stop.is_set():
+        # A stop (SIGTERM, run termination) before the last batch leaves due subscriptions ACTIVE: the run
+        # did not do its work, so it is not SUCCESS; the next run picks them up (they are still due).
+        return "stop", "stopped before every due subscription was expired; the next run continues"
+    if lost is not None:
+        return lost
+    if sweep.gave_up_on is not None:
+        error = (f"{sweep.gave_up_after} consecutive batch failures; "
+                 f"last: {error_text(translated_error(engine.url, sweep.gave_up_on))}")
+        log.error("subscription expiry: %s", error)
+        return "batch_failures", error
+    return "error", sweep.stopped_reason
 
 
 def run_expiry_job(
@@ -423,20 +297,12 @@ def run_expiry_job(
     job_guard takes the lock (lock-at-most-for lock_ttl_s, lock-at-least-for lock_min_s) and the
     lease, renews both every heartbeat_s, and releases both in `finally`. After a crash the lock
     lapses within lock_ttl_s (or at once when its holder is provably dead), not an hour later.
-    Every write transaction fences the lease; after each batch the lock is checked, so a run
+    Every write transaction fences the lease; before each batch the lock is renewed, so a run
     that lost it stops (FAILURE, "lock_lost").
     """
-    from batch_assets.locking.guard import job_guard
-
     if lock is None:
-        from batch_assets.locking.lock import PostgresJobLock
-
         lock = PostgresJobLock(engine)
     with job_guard(engine, job_key=JOB_LOCK_NAME, run_id=run_id, settings=settings, lock=lock) as guard:
-
-        def keep_alive() -> bool:
-            return guard.alive() and bool(lock.extend(JOB_LOCK_NAME, guard.owner, settings.lock_ttl_s))
-
         result = run_expiry(
             engine,
             run_date=run_date,
@@ -444,126 +310,9 @@ def run_expiry_job(
             retry_failed=retry_failed,
             stop=stop,
             progress=progress,
-            keep_alive=keep_alive,
-            fence=guard.fence,
+            guard=_LockedRunGuard(guard, lock, settings.lock_ttl_s),
+            run_id=run_id,
         )
-        if result.status != "SUCCESS":
+        if result.status != SUCCESS:
             guard.mark_failed()  # a retry must not wait for lock-at-least-for
         return result
-
-
-class _Writer:
-    """The write transactions of a run: each starts with one preamble that sets its timeouts and,
-    under a guard, fences the lease in the same round trip."""
-
-    def __init__(self, fence: Fence | None, max_retries: int) -> None:
-        self.fence = fence
-        self.max_retries = max_retries
-
-    def _preamble(self, conn: sa.Connection, timeouts: Mapping[str, str]) -> None:
-        if self.fence is not None:
-            self.fence(conn, timeouts)
-        else:
-            conn.execute(SET_TIMEOUTS, timeouts)
-
-    def expire_batch(
-        self,
-        conn: sa.Connection,
-        ids: list[int],
-        from_status: str,
-        run_date: date,
-        timeouts: Mapping[str, str],
-        result: ExpiryResult,
-    ) -> bool:
-        """Expire the whole batch in one short transaction; False (rolled back, nothing counted) on a row error."""
-        try:
-            with conn.begin():
-                self._preamble(conn, timeouts)
-                expired, deleted = conn.execute(
-                    EXPIRE_BATCH, {"ids": ids, "from_status": from_status, "run_date": run_date}
-                ).one()
-        except sa.exc.DBAPIError as exc:
-            if exc.connection_invalidated or not isinstance(exc, sa.exc.DatabaseError) or _connection_level(exc):
-                raise
-            log.info("subscription expiry: batch of %d failed (%s); redoing it one subscription at a time",
-                     len(ids), _describe(exc)[0])
-            return False
-        result.expired += int(expired)
-        result.unchanged += len(ids) - int(expired)
-        result.enrollments_deleted += int(deleted)
-        return True
-
-    def expire_one(
-        self,
-        conn: sa.Connection,
-        sub_id: int,
-        from_status: str,
-        run_date: date,
-        timeouts: Mapping[str, str],
-        result: ExpiryResult,
-    ) -> None:
-        try:
-            with conn.begin():
-                self._preamble(conn, timeouts)
-                changed = conn.execute(
-                    EXPIRE_ONE, {"id": sub_id, "from_status": from_status, "run_date": run_date}
-                ).first()
-                if changed is None:
-                    result.unchanged += 1
-                    return
-                deleted = conn.execute(DELETE_ENROLLMENTS, {"id": sub_id}).rowcount
-        except sa.exc.DBAPIError as exc:
-            if exc.connection_invalidated or not isinstance(exc, sa.exc.DatabaseError) or _connection_level(exc):
-                raise
-            kind, error = _describe(exc)
-            result.failed += 1
-            result.failed_by_type[kind] += 1
-            log.warning("subscription %s: expiry failed (%s)", sub_id, kind)
-            self.mark_failed(conn, sub_id, from_status, error, timeouts, result)
-            return
-        result.expired += 1
-        result.enrollments_deleted += max(deleted, 0)
-
-    def mark_failed(
-        self,
-        conn: sa.Connection,
-        sub_id: int,
-        from_status: str,
-        error: str,
-        timeouts: Mapping[str, str],
-        result: ExpiryResult,
-    ) -> None:
-        """Record the failure in a transaction of its own; if even that fails, the row stays as it was."""
-        try:
-            with conn.begin():
-                self._preamble(conn, timeouts)
-                retry_count = conn.execute(
-                    MARK_FAILED, {"id": sub_id, "from_status": from_status, "error": error}
-                ).scalar()
-        except sa.exc.DBAPIError as exc:
-            if exc.connection_invalidated or not isinstance(exc, sa.exc.DatabaseError) or _connection_level(exc):
-                raise
-            # e.g. the subscription row itself is locked by another writer: it stays selectable
-            # and the next run tries it again; this run's keyset has already moved past it.
-            log.warning("subscription %s: could not record the failure (%s)", sub_id, _describe(exc)[0])
-            return
-        if retry_count is not None and retry_count >= self.max_retries:
-            # No retry will select it again: the retries-exhausted alert names it (ids only).
-            result.exhausted += 1
-            if len(result.exhausted_ids) < MAX_ALERT_IDS:
-                result.exhausted_ids.append(int(sub_id))
-
-
-def _connection_level(exc: sa.exc.DBAPIError) -> bool:
-    # Class 08 = connection exception; 57P0x = admin shutdown / crash shutdown / cannot connect now.
-    sqlstate = getattr(exc.orig, "sqlstate", None) or ""
-    return sqlstate.startswith("08") or sqlstate.startswith("57P")
-
-
-def _describe(exc: sa.exc.DBAPIError) -> tuple[str, str]:
-    """(kind, one-line error) of a per-row database error; kind is the driver's error class in snake_case."""
-    orig = exc.orig if exc.orig is not None else exc
-    kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(orig).__name__).lower()
-    first = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-    text = f"{kind}: {first}"
-    return kind, text if len(text) <= ERROR_MAX_CHARS else text[: ERROR_MAX_CHARS - 1] + "…"

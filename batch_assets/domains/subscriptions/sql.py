@@ -1,0 +1,100 @@
+"""The subscription expiry's statements, by name (CONTRACT §6). Bound parameters only (`sa.text`, `:name`).
+
+The narrow projection every read returns is the row type of the expiry sweep: (id bigint, expiry_date date).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+# NIGHTLY_BATCH — next ACTIVE subscriptions past their expiry, keyset on (expiry_date, id)
+# (subscriptions_expiring_idx). One statement for the first batch and the next ones: at the start
+# the position is (-infinity, the smallest bigint), a constant, so the index range scan stays.
+#   :run_date    date    expire rows with expiry_date < run date
+#   :after_date  date    keyset: expiry_date of the last row seen (NULL at the start = -infinity)
+#   :after_id    bigint  keyset: id of the last row seen (the smallest bigint at the start)
+#   :limit       int     batch size
+NIGHTLY_BATCH = sa.text(
+    """
+SELECT id, expiry_date
+  FROM subscriptions
+ WHERE status = 'ACTIVE' AND expiry_date < :run_date
+   AND (expiry_date, id) > (coalesce(CAST(:after_date AS date), '-infinity'::date), :after_id)
+ ORDER BY expiry_date, id
+ LIMIT :limit
+"""
+)
+
+# RETRY_BATCH — next FAILED subscriptions still under the retry limit, keyset on id
+# (subscriptions_failed_idx).
+#   :run_date     date    only rows still past their expiry
+#   :max_retries  int     retry_count must be below this
+#   :after_id     bigint  keyset: id of the last row seen (the smallest bigint at the start)
+#   :limit        int     batch size
+RETRY_BATCH = sa.text(
+    """
+SELECT id, expiry_date
+  FROM subscriptions
+ WHERE status = 'FAILED' AND retry_count < :max_retries AND expiry_date < :run_date
+   AND id > :after_id
+ ORDER BY id
+ LIMIT :limit
+"""
+)
+
+# EXPIRE_BATCH — a whole batch in one statement: mark EXPIRED every subscription still in the
+# expected state and past its expiry, and delete exactly those subscriptions' enrollments. Run
+# in one short transaction, so each subscription is still all-or-nothing; if the statement fails
+# (one bad row), the engine redoes the batch one subscription per transaction (EXPIRE_ONE).
+#   :ids          bigint[] subscription ids of the batch
+#   :from_status  text     ACTIVE (nightly) or FAILED (retry)
+#   :run_date     date     the run date
+# Returns one row: (subscriptions expired, enrollments deleted).
+EXPIRE_BATCH = sa.text(
+    """
+WITH expired AS (
+    UPDATE subscriptions
+       SET status = 'EXPIRED', last_error = NULL
+     WHERE id = ANY(CAST(:ids AS bigint[])) AND status = :from_status AND expiry_date < :run_date
+    RETURNING id
+), deleted AS (
+    DELETE FROM enrollments WHERE subscription_id IN (SELECT id FROM expired)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM deleted)
+"""
+)
+
+# EXPIRE_ONE — mark one subscription EXPIRED if it is still in the expected state and past its expiry;
+# followed by DELETE_ENROLLMENTS in the same transaction.
+#   :id           bigint  subscription id
+#   :from_status  text    ACTIVE (nightly) or FAILED (retry)
+#   :run_date     date    the run date
+# Returns the id when the row was changed; nothing when another writer changed it meanwhile.
+EXPIRE_ONE = sa.text(
+    """
+UPDATE subscriptions
+   SET status = 'EXPIRED', last_error = NULL
+ WHERE id = :id AND status = :from_status AND expiry_date < :run_date
+RETURNING id
+"""
+)
+
+# DELETE_ENROLLMENTS — the enrollments of one subscription (enrollments_subscription_idx).
+#   :id  bigint  subscription id
+DELETE_ENROLLMENTS = sa.text("DELETE FROM enrollments WHERE subscription_id = :id")
+
+# MARK_FAILED — record a failed expiry: FAILED, retry_count + 1, last_error (a transaction of its own,
+# after the failed one rolled back; FAILED rows leave the nightly selection).
+#   :id           bigint  subscription id
+#   :from_status  text    the state the row was selected in (ACTIVE or FAILED)
+#   :error        text    one line, clipped
+# Returns the new retry_count (nothing when another writer changed the row meanwhile).
+MARK_FAILED = sa.text(
+    """
+UPDATE subscriptions
+   SET status = 'FAILED', retry_count = retry_count + 1, last_error = :error
+ WHERE id = :id AND status = :from_status
+RETURNING retry_count
+"""
+)
