@@ -66,8 +66,10 @@ def verdict(name: str, table: str, plan_json: Any, *, keyset: bool = False) -> d
     }
 
 
-def _explain(conn: sa.Connection, statement: str, params: dict[str, Any]) -> Any:
+def _explain(conn: sa.Connection, statement: str | sa.TextClause, params: dict[str, Any]) -> Any:
     # EXPLAIN without ANALYZE plans the statement and runs nothing (the claim is an UPDATE).
+    if isinstance(statement, sa.TextClause):
+        return conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + statement.text), params).scalar_one()
     return conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params).scalar_one()
 
 

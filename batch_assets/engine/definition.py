@@ -199,11 +199,11 @@ class SweepDefinition(WritePlan):
     # Reading ---------------------------------------------------------------
 
     @abstractmethod
-    def first_page_sql(self) -> str | sa.TextClause:
-        """The mode's first-page statement (no cursor): driver SQL (`%(name)s`) or a named `sa.text`."""
+    def first_page_sql(self) -> sa.TextClause:
+        """The mode's first-page statement (no cursor): a named `sa.text` of the definition's sql.py."""
 
     @abstractmethod
-    def after_page_sql(self) -> str | sa.TextClause:
+    def after_page_sql(self) -> sa.TextClause:
         """The mode's after-cursor statement: a separate statement, never `(:c IS NULL OR ...)`."""
 
     @abstractmethod
@@ -217,7 +217,7 @@ class SweepDefinition(WritePlan):
     def read_page(self, conn: sa.Connection, cursor: Cursor | None, limit: int, cursor_range: CursorRange) -> list:
         sql = self.first_page_sql() if cursor is None else self.after_page_sql()
         params = self.page_params(cursor, limit, cursor_range)
-        result = conn.exec_driver_sql(sql, params) if isinstance(sql, str) else conn.execute(sql, params)
+        result = conn.execute(sql, params)
         try:
             # Plain driver tuples (not sa.Row): the hot path's row type, ~25% cheaper per row to load.
             return list(result.cursor.fetchall())

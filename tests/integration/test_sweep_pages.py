@@ -202,7 +202,7 @@ def test_delta_query_is_an_index_range_scan(engine: sa.Engine, cipher: DobCipher
     copy_customers(engine, rows + [customer(cipher, "2000-01-01") for _ in range(3000)])
     params = {"run_date": RUN_DATE, "after_date": "-infinity", "after_id": uuid.UUID(int=0), "limit": 100}
     with engine.connect() as conn:
-        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql.DELTA_AFTER_PAGE, params).scalar_one()
+        plan = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + sql.DELTA_AFTER_PAGE.text), params).scalar_one()
     text = json.dumps(plan)
     assert "customers_due_idx" in text
     assert '"Sort"' not in text
@@ -233,7 +233,7 @@ def test_full_query_walks_an_id_index_without_sort_even_without_statistics(engin
     params = {"after": uuid.UUID(int=2**127), "hi": uuid.UUID(int=2**128 - 1), "limit": 1000}
     with engine.connect() as conn:
         conn.exec_driver_sql(PIN_READ_PLAN_SQL)  # what the sweep's reader connection runs first
-        plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql.FULL_AFTER_PAGE, params).scalar_one()
+        plan = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + sql.FULL_AFTER_PAGE.text), params).scalar_one()
     text = json.dumps(plan)
     assert '"Sort"' not in text and "Bitmap" not in text, text
     assert "customers_active_id_idx" in text or "customers_pkey" in text

@@ -33,6 +33,7 @@ from pydantic import Field, field_validator
 
 from batch_assets import run_history
 from batch_assets.db.engine import one_off_engine
+from batch_assets.domains.customer_status import sql
 from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
@@ -427,10 +428,6 @@ customers = observable_table(
     "Customers (written by other services); ACTIVE rows are swept.",
 )
 
-CATEGORY_COUNTS = sa.text(
-    "SELECT coalesce(age_category, '(not computed)') AS category, count(*) AS n "
-    "FROM customers WHERE status = 'ACTIVE' GROUP BY 1 ORDER BY 1"
-)
 RANGE_COLUMNS = ("range", "scanned", "changed", "failed", "pages", "duration_s", "resumed_from")
 SWEEP_ASSET_KEYS = [dg.AssetKey("customer_status"), dg.AssetKey("review_triggers"), dg.AssetKey("outbox_events")]
 
@@ -456,7 +453,7 @@ def report_customer_status(
         context.log.info("the sweep was skipped: no materialization")
         return
     engine = database.get_engine()
-    counts, categories = counts_table(engine, CATEGORY_COUNTS, label="age_category")
+    counts, categories = counts_table(engine, sql.CATEGORY_COUNTS, label="age_category")
     run_date, mode = str(summary.get("run_date")), str(summary.get("mode"))
     common = {"run_date": run_date, "mode": mode, **run_numbers(summary)}
     reports: dict[str, tuple[str, dict[str, Any]]] = {
@@ -519,34 +516,6 @@ def customer_status_sweep(customers: Any) -> Any:  # a graph body: Dagster wires
 
 # --- checks (they run inside every run that materializes their assets) ------------------------
 
-# The latest successful delta sweep: its run date and how many rows it could not evaluate.
-LAST_DELTA_SQL = sa.text(
-    """
-    SELECT run_date, coalesce((summary->>'failed')::bigint, 0) AS failed
-      FROM ba_run_history
-     WHERE job LIKE 'customer_status%' AND mode = 'delta' AND status = 'SUCCESS'
-     ORDER BY finished_at DESC
-     LIMIT 1
-    """
-)
-# :run_date — ACTIVE customers still due on or before it (index customers_due_idx).
-OVERDUE_SQL = sa.text(
-    """
-    SELECT count(*) FROM customers
-     WHERE status = 'ACTIVE'
-       AND coalesce(next_review_date, '-infinity'::date) <= :run_date
-       AND next_review_date IS NOT NULL
-    """
-)
-DUPLICATE_TRIGGERS_SQL = sa.text(
-    """
-    SELECT count(*) FROM (
-        SELECT 1 FROM review_triggers
-         GROUP BY customer_id, to_category, effective_date
-        HAVING count(*) > 1
-    ) d
-    """
-)
 
 
 @dg.asset_check(
@@ -556,11 +525,11 @@ DUPLICATE_TRIGGERS_SQL = sa.text(
 )
 def no_overdue_active_customers(database: DatabaseResource) -> dg.AssetCheckResult:
     with database.get_engine().connect() as conn:
-        last = conn.execute(LAST_DELTA_SQL).first()
+        last = conn.execute(sql.LAST_DELTA_SQL).first()
         if last is None:
             return dg.AssetCheckResult(passed=True, metadata={"last_delta_run_date": "none yet"})
         run_date: date = last.run_date
-        overdue = int(conn.execute(OVERDUE_SQL, {"run_date": run_date}).scalar_one())
+        overdue = int(conn.execute(sql.OVERDUE_SQL, {"run_date": run_date}).scalar_one())
     return dg.AssetCheckResult(
         passed=overdue <= int(last.failed),
         metadata={"last_delta_run_date": str(run_date), "overdue": overdue, "failed_in_run": int(last.failed)},
@@ -570,7 +539,7 @@ def no_overdue_active_customers(database: DatabaseResource) -> dg.AssetCheckResu
 @dg.asset_check(asset="review_triggers", description="Review triggers are unique per customer, category and date.")
 def review_triggers_unique(database: DatabaseResource) -> dg.AssetCheckResult:
     with database.get_engine().connect() as conn:
-        duplicates = int(conn.execute(DUPLICATE_TRIGGERS_SQL).scalar_one())
+        duplicates = int(conn.execute(sql.DUPLICATE_TRIGGERS_SQL).scalar_one())
     return dg.AssetCheckResult(passed=duplicates == 0, metadata={"duplicate_keys": duplicates})
 
 
@@ -671,15 +640,11 @@ def build_schedules(timezone: str, status: dg.DefaultScheduleStatus) -> list[dg.
     ]
 
 
-FIRST_VERSION_OF = "SELECT min(version) FROM ba_rules WHERE fingerprint = %(fingerprint)s"
-# %(fingerprint)s — a rules fingerprint; the first version that had it (None for the built-in defaults)
-
-
 def current_fingerprint(database: DatabaseResource) -> tuple[int, str, int | None]:
     """(current version, its fingerprint, the first version that ever had this fingerprint)."""
     with database.get_engine().connect() as conn:
         version, rules = current_rules(conn)
-        first = conn.exec_driver_sql(FIRST_VERSION_OF, {"fingerprint": rules.fingerprint}).scalar()
+        first = conn.execute(sql.FIRST_VERSION_OF, {"fingerprint": rules.fingerprint}).scalar()
     return version, rules.fingerprint, first
 
 

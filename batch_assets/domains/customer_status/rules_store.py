@@ -24,7 +24,7 @@ def _rules_of(stored: object) -> Rules:
 
 def current_rules(conn: sa.Connection) -> tuple[int, Rules]:
     """(version, rules) in force; (0, DEFAULT_RULES) when none were ever set."""
-    row = conn.exec_driver_sql(sql.CURRENT_RULES).first()
+    row = conn.execute(sql.CURRENT_RULES).first()
     if row is None:
         return 0, DEFAULT_RULES
     return int(row[0]), _rules_of(row[1])
@@ -38,10 +38,10 @@ def rules_in_force(engine: sa.Engine) -> Rules:
 
 def previous_rules(conn: sa.Connection) -> Rules | None:
     """The rules before the current version (DEFAULT_RULES before the first stored one); None if never changed."""
-    rows = conn.exec_driver_sql(sql.CURRENT_RULES).first()
+    rows = conn.execute(sql.CURRENT_RULES).first()
     if rows is None:
         return None
-    previous = conn.exec_driver_sql(sql.PREVIOUS_RULES).first()
+    previous = conn.execute(sql.PREVIOUS_RULES).first()
     if previous is None:
         first = _rules_of(rows[1])
         return None if first.fingerprint == DEFAULT_RULES.fingerprint else DEFAULT_RULES
@@ -56,7 +56,7 @@ def settled_rules(conn: sa.Connection) -> Rules | None:
     since the last successful full or config-change sweep; after two or more (A -> B -> C with no
     sweep between), rows may still carry A's dates, so every row is evaluated instead.
     """
-    changes = int(conn.exec_driver_sql(sql.RULE_CHANGES_SINCE_LAST_SETTLE).scalar_one())
+    changes = int(conn.execute(sql.RULE_CHANGES_SINCE_LAST_SETTLE).scalar_one())
     if changes > 1:
         return None
     return previous_rules(conn)
@@ -66,11 +66,11 @@ def set_rules(engine: sa.Engine, rules: Rules) -> int:
     """Store `rules` as the new current version and return it; a no-op returning the current
     version when the fingerprint equals the current one."""
     with engine.begin() as conn:
-        conn.exec_driver_sql(sql.LOCK_RULES)
+        conn.execute(sql.LOCK_RULES)
         version, current = current_rules(conn)
         if current.fingerprint == rules.fingerprint:
             return version
-        row = conn.exec_driver_sql(
+        row = conn.execute(
             sql.INSERT_RULES, {"rules": json.dumps(rules.to_json()), "fingerprint": rules.fingerprint}
         ).one()
         return int(row[0])

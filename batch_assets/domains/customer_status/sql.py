@@ -1,4 +1,4 @@
-"""The customer-status sweep's statements, by name. Bound parameters only (psycopg `%(name)s`).
+"""The customer-status sweep's statements, by name. Bound parameters only (psycopg `:name`).
 
 The narrow projection every read returns is the row type of the sweep:
 (id uuid, encrypted_dob bytea, age_category text, next_review_date date, review_failure text).
@@ -6,58 +6,60 @@ The narrow projection every read returns is the row type of the sweep:
 
 from __future__ import annotations
 
+import sqlalchemy as sa
+
 _COLUMNS = "id, encrypted_dob, age_category, next_review_date, review_failure"
 
 # FULL_FIRST_PAGE — full / config-change, first page of a UUID range.
 # Parameters: lo uuid, hi uuid (inclusive bounds), limit int.
-FULL_FIRST_PAGE = f"""
+FULL_FIRST_PAGE = sa.text(f"""
 SELECT {_COLUMNS}
   FROM customers
- WHERE status = 'ACTIVE' AND id >= %(lo)s AND id <= %(hi)s
+ WHERE status = 'ACTIVE' AND id >= :lo AND id <= :hi
  ORDER BY id
- LIMIT %(limit)s
-"""  # noqa: S608 — only the constant column list is interpolated
+ LIMIT :limit
+""")  # noqa: S608 — only the constant column list is interpolated
 
 # FULL_AFTER_PAGE — full / config-change, the page after a cursor.
 # Parameters: after uuid (cursor, exclusive), hi uuid (inclusive), limit int.
-FULL_AFTER_PAGE = f"""
+FULL_AFTER_PAGE = sa.text(f"""
 SELECT {_COLUMNS}
   FROM customers
- WHERE status = 'ACTIVE' AND id > %(after)s AND id <= %(hi)s
+ WHERE status = 'ACTIVE' AND id > :after AND id <= :hi
  ORDER BY id
- LIMIT %(limit)s
-"""  # noqa: S608
+ LIMIT :limit
+""")  # noqa: S608
 
 # DELTA_FIRST_PAGE — delta, first page: due (NULL or <= run date), in customers_due_idx order.
 # Parameters: run_date date, limit int.
-DELTA_FIRST_PAGE = f"""
+DELTA_FIRST_PAGE = sa.text(f"""
 SELECT {_COLUMNS}
   FROM customers
- WHERE status = 'ACTIVE' AND coalesce(next_review_date, '-infinity'::date) <= %(run_date)s
+ WHERE status = 'ACTIVE' AND coalesce(next_review_date, '-infinity'::date) <= :run_date
  ORDER BY coalesce(next_review_date, '-infinity'::date), id
- LIMIT %(limit)s
-"""  # noqa: S608
+ LIMIT :limit
+""")  # noqa: S608
 
 # DELTA_AFTER_PAGE — delta, the page after a cursor (coalesce(next_review_date, '-infinity'), id).
 # Parameters: after_date text ('YYYY-MM-DD' or '-infinity'), after_id uuid, run_date date, limit int.
-DELTA_AFTER_PAGE = f"""
+DELTA_AFTER_PAGE = sa.text(f"""
 SELECT {_COLUMNS}
   FROM customers
  WHERE status = 'ACTIVE'
-   AND coalesce(next_review_date, '-infinity'::date) <= %(run_date)s
-   AND (coalesce(next_review_date, '-infinity'::date), id) > (CAST(%(after_date)s AS date), %(after_id)s)
+   AND coalesce(next_review_date, '-infinity'::date) <= :run_date
+   AND (coalesce(next_review_date, '-infinity'::date), id) > (CAST(:after_date AS date), :after_id)
  ORDER BY coalesce(next_review_date, '-infinity'::date), id
- LIMIT %(limit)s
-"""  # noqa: S608
+ LIMIT :limit
+""")  # noqa: S608
 
 # INSERT_REVIEW_TRIGGERS — the side effect, written before the page write in its own transaction.
 # Parameters: customer_ids uuid[], from_categories text[], to_categories text[], effective_dates date[].
-INSERT_REVIEW_TRIGGERS = """
+INSERT_REVIEW_TRIGGERS = sa.text("""
 INSERT INTO review_triggers (customer_id, from_category, to_category, effective_date)
-SELECT * FROM unnest(CAST(%(customer_ids)s AS uuid[]), CAST(%(from_categories)s AS text[]),
-                     CAST(%(to_categories)s AS text[]), CAST(%(effective_dates)s AS date[]))
+SELECT * FROM unnest(CAST(:customer_ids AS uuid[]), CAST(:from_categories AS text[]),
+                     CAST(:to_categories AS text[]), CAST(:effective_dates AS date[]))
 ON CONFLICT (customer_id, to_category, effective_date) DO NOTHING
-"""
+""")
 
 # WRITE_PAGE — one statement: the category and its next_review_date stamp for every changed row
 # (UPDATE ... FROM unnest), and one age_category_changed outbox event per row whose category
@@ -69,11 +71,11 @@ ON CONFLICT (customer_id, to_category, effective_date) DO NOTHING
 # Parameters: ids uuid[], old_categories text[], old_dates date[], new_categories text[], new_dates date[],
 #             failures text[] (NULL for a successful evaluation).
 # Returns one row: (successful rows updated, outbox events inserted).
-WRITE_PAGE = """
+WRITE_PAGE = sa.text("""
 WITH v AS (
-    SELECT * FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(old_categories)s AS text[]),
-                         CAST(%(old_dates)s AS date[]), CAST(%(new_categories)s AS text[]),
-                         CAST(%(new_dates)s AS date[]), CAST(%(failures)s AS text[]))
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:old_categories AS text[]),
+                         CAST(:old_dates AS date[]), CAST(:new_categories AS text[]),
+                         CAST(:new_dates AS date[]), CAST(:failures AS text[]))
         AS v(id, old_category, old_date, new_category, new_date, failure)
 ), updated AS (
     UPDATE customers AS c
@@ -95,31 +97,76 @@ WITH v AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM updated WHERE failure IS NULL), (SELECT count(*) FROM events)
-"""
+""")
 
 # CURRENT_RULES — the highest version of ba_rules. No parameters.
-CURRENT_RULES = "SELECT version, rules, fingerprint FROM ba_rules ORDER BY version DESC LIMIT 1"
+CURRENT_RULES = sa.text("SELECT version, rules, fingerprint FROM ba_rules ORDER BY version DESC LIMIT 1")
 
 # PREVIOUS_RULES — the version just below the current one. No parameters.
-PREVIOUS_RULES = "SELECT version, rules, fingerprint FROM ba_rules ORDER BY version DESC LIMIT 1 OFFSET 1"
+PREVIOUS_RULES = sa.text("SELECT version, rules, fingerprint FROM ba_rules ORDER BY version DESC LIMIT 1 OFFSET 1")
 
 # RULE_CHANGES_SINCE_LAST_SETTLE — how many rules versions were created since the last successful
 # full or config-change sweep started (every row was settled by it), or ever when none ran.
 # No parameters. ba_run_history rows of a whole run have no "range" key (per-range rows do).
-RULE_CHANGES_SINCE_LAST_SETTLE = """
+RULE_CHANGES_SINCE_LAST_SETTLE = sa.text("""
 SELECT count(*) FROM ba_rules
  WHERE created_at > coalesce(
        (SELECT max(started_at) FROM ba_run_history
-         WHERE job LIKE 'customer_status_sweep%%' AND mode IN ('full', 'config-change')
+         WHERE job LIKE 'customer_status_sweep%' AND mode IN ('full', 'config-change')
            AND status = 'SUCCESS' AND NOT (summary ? 'range')),
        '-infinity'::timestamptz)
-"""
+""")
 
 # INSERT_RULES — a new version. Parameters: rules jsonb (text), fingerprint text.
-INSERT_RULES = """
-INSERT INTO ba_rules (rules, fingerprint) VALUES (CAST(%(rules)s AS jsonb), %(fingerprint)s)
+INSERT_RULES = sa.text("""
+INSERT INTO ba_rules (rules, fingerprint) VALUES (CAST(:rules AS jsonb), :fingerprint)
 RETURNING version
-"""
+""")
 
 # LOCK_RULES — serialise concurrent set_rules calls. No parameters.
-LOCK_RULES = "LOCK TABLE ba_rules IN SHARE ROW EXCLUSIVE MODE"
+LOCK_RULES = sa.text("LOCK TABLE ba_rules IN SHARE ROW EXCLUSIVE MODE")
+
+# FIRST_VERSION_OF — the first rules version that had a fingerprint (the rules sensor's run key).
+#   :fingerprint  text  a rules fingerprint
+# Returns min(version), NULL for the built-in defaults (never stored).
+FIRST_VERSION_OF = sa.text("SELECT min(version) FROM ba_rules WHERE fingerprint = :fingerprint")
+
+# CATEGORY_COUNTS — ACTIVE customers by age_category (asset metadata). No parameters.
+CATEGORY_COUNTS = sa.text(
+    "SELECT coalesce(age_category, '(not computed)') AS category, count(*) AS n "
+    "FROM customers WHERE status = 'ACTIVE' GROUP BY 1 ORDER BY 1"
+)
+
+# LAST_DELTA_SQL — the latest successful delta sweep: its run date and how many rows it could not
+# evaluate (the no_overdue_active_customers check). No parameters.
+LAST_DELTA_SQL = sa.text(
+    """
+    SELECT run_date, coalesce((summary->>'failed')::bigint, 0) AS failed
+      FROM ba_run_history
+     WHERE job LIKE 'customer_status%' AND mode = 'delta' AND status = 'SUCCESS'
+     ORDER BY finished_at DESC
+     LIMIT 1
+    """
+)
+
+# OVERDUE_SQL — ACTIVE customers still due on or before a run date (index customers_due_idx).
+#   :run_date  date  the last delta's run date
+OVERDUE_SQL = sa.text(
+    """
+    SELECT count(*) FROM customers
+     WHERE status = 'ACTIVE'
+       AND coalesce(next_review_date, '-infinity'::date) <= :run_date
+       AND next_review_date IS NOT NULL
+    """
+)
+
+# DUPLICATE_TRIGGERS_SQL — review-trigger keys written more than once (must be 0). No parameters.
+DUPLICATE_TRIGGERS_SQL = sa.text(
+    """
+    SELECT count(*) FROM (
+        SELECT 1 FROM review_triggers
+         GROUP BY customer_id, to_category, effective_date
+        HAVING count(*) > 1
+    ) d
+    """
+)

@@ -62,10 +62,10 @@ class CustomerStatusSweep(SweepDefinition):
 
     # Reading ---------------------------------------------------------------
 
-    def first_page_sql(self) -> str:
+    def first_page_sql(self) -> sa.TextClause:
         return sql.DELTA_FIRST_PAGE if self.mode == "delta" else sql.FULL_FIRST_PAGE
 
-    def after_page_sql(self) -> str:
+    def after_page_sql(self) -> sa.TextClause:
         return sql.DELTA_AFTER_PAGE if self.mode == "delta" else sql.FULL_AFTER_PAGE
 
     def page_params(self, cursor: Any, limit: int, cursor_range: CursorRange) -> dict[str, Any]:
@@ -156,7 +156,7 @@ class CustomerStatusSweep(SweepDefinition):
         triggers = [o.change for o in changed if o.change[5] is not None]
         if not triggers:
             return 0
-        result = conn.exec_driver_sql(
+        result = conn.execute(
             sql.INSERT_REVIEW_TRIGGERS,
             {
                 "customer_ids": [t[0] for t in triggers],
@@ -169,7 +169,7 @@ class CustomerStatusSweep(SweepDefinition):
 
     def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
         changes = [o.change for o in changed]
-        rows, events = conn.exec_driver_sql(
+        rows, events = conn.execute(
             sql.WRITE_PAGE,
             {
                 "ids": [c[0] for c in changes],

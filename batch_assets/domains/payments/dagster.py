@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 
 import dagster as dg
-import sqlalchemy as sa
 from pydantic import Field
 
+from batch_assets.domains.payments import sql
 from batch_assets.domains.payments.handler import default_handler, plugin_spec_from_environment
 from batch_assets.domains.payments.queue import MAX_BATCH, MAX_DB_OUTAGE_S, QueueSettings, dlq_size, queue_stats
 from batch_assets.domains.payments.worker import BREAKER_CODES, run_worker
@@ -159,15 +159,12 @@ payment_status = dg.AssetSpec(
     kinds={"postgres"},
 )
 
-STUCK_PAYMENTS_SQL = sa.text(
-    "SELECT count(*), min(claimed_until)::text FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()"
-)
 
 
 @dg.asset_check(asset="payment_status", description="No payment is stuck in PROCESSING past its claim lease.")
 def no_payment_stuck_in_processing(database: DatabaseResource) -> dg.AssetCheckResult:
     with database.get_engine().connect() as conn:
-        stuck, oldest = conn.execute(STUCK_PAYMENTS_SQL).one()
+        stuck, oldest = conn.execute(sql.STUCK_PAYMENTS_SQL).one()
     return dg.AssetCheckResult(
         passed=int(stuck) == 0, metadata={"stuck": int(stuck), "oldest_claimed_until": str(oldest or "")}
     )

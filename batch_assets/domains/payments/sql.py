@@ -196,3 +196,8 @@ SELECT status,
 
 # COPY_PAYMENTS — bulk insert of new payments (psycopg COPY); other columns take their defaults.
 COPY_PAYMENTS = "COPY payments (id, amount_cents, priority) FROM STDIN"
+
+# STUCK_PAYMENTS_SQL — PROCESSING payments past their claim lease, and the oldest lease (asset check).
+STUCK_PAYMENTS_SQL = sa.text(
+    "SELECT count(*), min(claimed_until)::text FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()"
+)

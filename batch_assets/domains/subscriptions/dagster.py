@@ -11,10 +11,10 @@ from datetime import date
 from typing import Any
 
 import dagster as dg
-import sqlalchemy as sa
 from pydantic import Field
 
 from batch_assets.alerts import send_alert
+from batch_assets.domains.subscriptions import sql
 from batch_assets.domains.subscriptions.expiry import ExpirySettings, run_expiry_job
 from batch_assets.errors import LockNotAcquired
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
@@ -169,9 +169,6 @@ subscription_status = dg.AssetSpec(
     kinds={"postgres"},
 )
 
-FAILED_SUBSCRIPTIONS_SQL = sa.text(
-    "SELECT count(*), coalesce(max(retry_count), 0) FROM subscriptions WHERE status = 'FAILED'"
-)
 
 
 @dg.asset_check(
@@ -181,7 +178,7 @@ FAILED_SUBSCRIPTIONS_SQL = sa.text(
 )
 def failed_subscriptions(database: DatabaseResource) -> dg.AssetCheckResult:
     with database.get_engine().connect() as conn:
-        count_, max_retries = conn.execute(FAILED_SUBSCRIPTIONS_SQL).one()
+        count_, max_retries = conn.execute(sql.FAILED_SUBSCRIPTIONS_SQL).one()
     return dg.AssetCheckResult(
         passed=int(count_) == 0,
         severity=dg.AssetCheckSeverity.WARN,

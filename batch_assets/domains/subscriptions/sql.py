@@ -98,3 +98,8 @@ UPDATE subscriptions
 RETURNING retry_count
 """
 )
+
+# FAILED_SUBSCRIPTIONS_SQL — FAILED subscriptions and their highest retry_count (asset check). No parameters.
+FAILED_SUBSCRIPTIONS_SQL = sa.text(
+    "SELECT count(*), coalesce(max(retry_count), 0) FROM subscriptions WHERE status = 'FAILED'"
+)
