@@ -23,7 +23,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,6 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
     from batch_assets.crypto import DobCipher, decode_key, generate_key_text
     from batch_assets.db.engine import create_engine, resolve_database_url
     from batch_assets.db.migrate import migrate
-    from batch_assets.domains.customer_status.rules import DEFAULT_RULES
     from batch_assets.domains.customer_status.seed import seed_customers
     from batch_assets.orchestration.config import today_in
 
@@ -107,82 +106,19 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
     cipher = DobCipher(decode_key(key_text))
     base_url = resolve_database_url(settings)
     say = Progress(err, steps=8 + len(options.workers))
-    command = COMMAND + (" --quick" if options.quick else "")
-    report: dict[str, Any] = {
-        "schema": 2,
-        "status": "SUCCESS",
-        "command": command,
-        "quick": options.quick,
-        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    **({"note": options.note} if options.note else {})},
-        "rows": options.rows,
-        "small_rows": options.small_rows,
-        "workers": list(options.workers),
-        "page_size": references.PAGE_SIZE,
-        "run_date": run_date.isoformat(),
-        "sweep": {},
-        "references": {},
-        "checks": {"second_run_writes": {}},
-    }
-    sweep, checks = report["sweep"], report["checks"]
+    report = _new_report(options, run_date)
     with scratch.scratch_database(base_url, scratch.scratch_name()) as url:
         engine = create_engine(url, pool_size=12)
         report["machine"]["postgres"] = _postgres_version(engine)
-        counter = scratch.StatementCounter(engine)
         migrate(engine)
         say.next(f"seeding {options.rows:,} customers")
         seeded = seed_customers(engine, cipher, options.rows, run_date=run_date, seed=1)
         report["seed_s"] = round(seeded.duration_s, 2)
         scratch.vacuum(engine)
-
-        say.next(f"references: naive job on a {options.naive_sample:,}-row sample, then the single-stream floor")
-        report["references"]["naive"] = references.run_naive(
-            url, cipher, run_date, DEFAULT_RULES, sample_rows=options.naive_sample, table_rows=options.rows)
-        naive = report["references"]["naive"]
-        say(f"  naive: {naive['sample_rows_per_s']:,} rows/s on the sample, est. "
-            f"{render.seconds(naive['estimated_s'])} for {options.rows:,} rows")
-        scratch.reset_to_first_computation(engine)
-        floor: dict[str, Any] = {}
-        floor["full_first_computation"] = references.run_floor(url, cipher, run_date, DEFAULT_RULES)
-        scratch.vacuum(engine)
-        floor["full_steady_state"] = references.run_floor(url, cipher, run_date, DEFAULT_RULES)
-        report["references"]["floor"] = floor
-        say(f"  floor: {floor['full_first_computation']['rows_per_s']:,} rows/s first computation, "
-            f"{floor['full_steady_state']['rows_per_s']:,} rows/s steady state")
-
-        for workers in options.workers:
-            scratch.reset_to_first_computation(engine)
-            label = f"full, first computation, {workers} worker(s)"
-            say.next(f"product: {label}, then the same sweep again (steady state)")
-            first = sweeps.measured(engine, counter, cipher, "full", run_date, workers, say=say, label=label)
-            sweep[render.sweep_key("first_computation", workers)] = first
-            scratch.vacuum(engine)
-            mark = scratch.write_mark(engine)
-            steady = sweeps.measured(engine, counter, cipher, "full", run_date, workers, say=say,
-                                     label=f"full, steady state, {workers} worker(s)")
-            checks["second_run_writes"][f"full_steady_state_w{workers}"] = scratch.rows_written_since(engine, mark)
-            sweep[render.sweep_key("steady_state", workers)] = steady
-            say(f"  {first['rows_per_s']:,} rows/s first computation, {steady['rows_per_s']:,} rows/s steady state")
-        _add_floor_ratios(report)
-
-        say.next(f"product: delta with {DUE_ROWS} due over {options.rows:,} rows")
-        scratch.make_due(engine, run_date, DUE_ROWS)
-        sweep["delta_500_due"] = sweeps.measured(engine, counter, cipher, "delta", run_date, 1, say=say,
-                                                 label="delta")
-
-        workers = max(options.workers)
-        change = sweeps.change_rules(engine)
-        say.next(f"product: config-change after the rules change {change}, {workers} worker(s)")
-        scratch.vacuum(engine)
-        cc = sweeps.measured(engine, counter, cipher, "config-change", run_date, workers, say=say,
-                             label="config-change")
-        cc.update(workers=workers, change="YOUNG_ADULT 18 → 21", rules=change,
-                  skipped_by_pre_check=cc["scanned"] - cc["decrypted"])
-        sweep["config_change"] = cc
-
+        _measure_references(report, options, engine, url, cipher, run_date, say)
+        _measure_sweeps(report, options, engine, cipher, run_date, say)
         say.next("EXPLAIN (FORMAT JSON) of the delta, full-page and payment-claim queries")
-        checks["plans"] = [*plans.explain_sweep_reads(engine, run_date), plans.explain_claim(engine)]
+        report["checks"]["plans"] = [*plans.explain_sweep_reads(engine, run_date), plans.explain_claim(engine)]
         engine.dispose()
 
         say.next(f"Dagster run start-up: {STARTUP_RUNS} CLI delta sweeps with nothing due")
@@ -201,11 +137,86 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
         seed_customers(small_engine, cipher, options.small_rows, run_date=run_date, seed=2)
         small_engine.dispose()
         small = {"rows": options.small_rows, **memory.measure_rss(small_url, key_text, run_date)}
-    checks["peak_rss"] = {"small": small, "large": large,
-                          "ratio_large_over_small": round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)}
+    report["checks"]["peak_rss"] = {"small": small, "large": large,
+                                    "ratio_large_over_small": round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)}
     report["duration_s"] = round(time.perf_counter() - say.started, 1)
     say(f"done in {report['duration_s']:.0f} s")
     return report
+
+
+def _new_report(options: BenchOptions, run_date: date) -> dict[str, Any]:
+    """The report's header: what was run, where, on how many rows; the sections are filled in by `measure`."""
+    return {
+        "schema": 2,
+        "status": "SUCCESS",
+        "command": COMMAND + (" --quick" if options.quick else ""),
+        "quick": options.quick,
+        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    **({"note": options.note} if options.note else {})},
+        "rows": options.rows,
+        "small_rows": options.small_rows,
+        "workers": list(options.workers),
+        "page_size": references.PAGE_SIZE,
+        "run_date": run_date.isoformat(),
+        "sweep": {},
+        "references": {},
+        "checks": {"second_run_writes": {}},
+    }
+
+
+def _measure_references(report: dict[str, Any], options: BenchOptions, engine: sa.Engine, url: str,
+                        cipher: Any, run_date: date, say: Progress) -> None:
+    """The naive job on a sample (scaled to the table) and the single-stream floor, first computation and steady."""
+    from batch_assets.domains.customer_status.rules import DEFAULT_RULES
+
+    say.next(f"references: naive job on a {options.naive_sample:,}-row sample, then the single-stream floor")
+    naive = report["references"]["naive"] = references.run_naive(
+        url, cipher, run_date, DEFAULT_RULES, sample_rows=options.naive_sample, table_rows=options.rows)
+    say(f"  naive: {naive['sample_rows_per_s']:,} rows/s on the sample, est. "
+        f"{render.seconds(naive['estimated_s'])} for {options.rows:,} rows")
+    scratch.reset_to_first_computation(engine)
+    floor: dict[str, Any] = {}
+    floor["full_first_computation"] = references.run_floor(url, cipher, run_date, DEFAULT_RULES)
+    scratch.vacuum(engine)
+    floor["full_steady_state"] = references.run_floor(url, cipher, run_date, DEFAULT_RULES)
+    report["references"]["floor"] = floor
+    say(f"  floor: {floor['full_first_computation']['rows_per_s']:,} rows/s first computation, "
+        f"{floor['full_steady_state']['rows_per_s']:,} rows/s steady state")
+
+
+def _measure_sweeps(report: dict[str, Any], options: BenchOptions, engine: sa.Engine, cipher: Any,
+                    run_date: date, say: Progress) -> None:
+    """The product: full sweeps (first computation, then steady state) per worker count, a delta, a config-change."""
+    sweep, checks = report["sweep"], report["checks"]
+    counter = scratch.StatementCounter(engine)
+    for workers in options.workers:
+        scratch.reset_to_first_computation(engine)
+        label = f"full, first computation, {workers} worker(s)"
+        say.next(f"product: {label}, then the same sweep again (steady state)")
+        first = sweeps.measured(engine, counter, cipher, "full", run_date, workers, say=say, label=label)
+        sweep[render.sweep_key("first_computation", workers)] = first
+        scratch.vacuum(engine)
+        mark = scratch.write_mark(engine)
+        steady = sweeps.measured(engine, counter, cipher, "full", run_date, workers, say=say,
+                                 label=f"full, steady state, {workers} worker(s)")
+        checks["second_run_writes"][f"full_steady_state_w{workers}"] = scratch.rows_written_since(engine, mark)
+        sweep[render.sweep_key("steady_state", workers)] = steady
+        say(f"  {first['rows_per_s']:,} rows/s first computation, {steady['rows_per_s']:,} rows/s steady state")
+    _add_floor_ratios(report)
+
+    say.next(f"product: delta with {DUE_ROWS} due over {options.rows:,} rows")
+    scratch.make_due(engine, run_date, DUE_ROWS)
+    sweep["delta_500_due"] = sweeps.measured(engine, counter, cipher, "delta", run_date, 1, say=say, label="delta")
+
+    workers = max(options.workers)
+    change = sweeps.change_rules(engine)
+    say.next(f"product: config-change after the rules change {change}, {workers} worker(s)")
+    scratch.vacuum(engine)
+    cc = sweeps.measured(engine, counter, cipher, "config-change", run_date, workers, say=say, label="config-change")
+    cc.update(workers=workers, change="YOUNG_ADULT 18 → 21", rules=change,
+              skipped_by_pre_check=cc["scanned"] - cc["decrypted"])
+    sweep["config_change"] = cc
 
 
 def _add_floor_ratios(report: dict[str, Any]) -> None:
