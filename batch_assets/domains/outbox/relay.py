@@ -38,6 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import PoolProxiedConnection
 
 from batch_assets.db.engine import driver_connection
+from batch_assets.domains.outbox import sql
 from batch_assets.errors import ConfigError
 from batch_assets.settings import Settings
 
@@ -46,77 +47,6 @@ log = logging.getLogger(__name__)
 DEFAULT_STREAM = "batch_assets.outbox"
 MAX_BATCH = 10_000
 NOTIFY_CHANNEL = "batch_assets_outbox"
-
-# CLAIM_BATCH — claim the oldest PENDING events with no live claim, in one autocommit statement.
-#   :limit    int    events per batch
-#   :owner    text   the relay's owner string ("<run id>@<host>:<pid>")
-#   :lease_s  float  claim lease in seconds (claimed_until = now() + lease)
-# Returns the claimed events (any order; the caller sorts by id).
-CLAIM_BATCH = sa.text(
-    """
-WITH batch AS (
-    SELECT id FROM outbox_events
-     WHERE status = 'PENDING' AND (claimed_until IS NULL OR claimed_until < now())
-     ORDER BY id
-     LIMIT :limit
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE outbox_events o
-   SET claimed_by = :owner,
-       claimed_until = now() + make_interval(secs => :lease_s),
-       attempts = o.attempts + 1
-  FROM batch
- WHERE o.id = batch.id
-RETURNING o.id, o.aggregate_id, o.event_type, o.payload, o.created_at
-"""
-).bindparams(sa.bindparam("lease_s", type_=sa.Float))
-
-# MARK_SENT — after the sink accepted the batch; fenced by the claim.
-#   :ids    bigint[]  the batch
-#   :owner  text      the claiming relay
-# Returns the ids marked SENT (rows whose claim moved to another relay are not).
-MARK_SENT = sa.text(
-    """
-UPDATE outbox_events
-   SET status = 'SENT', sent_at = now(), claimed_by = NULL, claimed_until = NULL
- WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'PENDING' AND claimed_by = :owner
-RETURNING id
-"""
-)
-
-# RELEASE_CLAIM — the sink refused the batch: give the claim back so the next pass retries it.
-#   :ids    bigint[]  the batch
-#   :owner  text      the claiming relay
-RELEASE_CLAIM = sa.text(
-    """
-UPDATE outbox_events SET claimed_by = NULL, claimed_until = NULL
- WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'PENDING' AND claimed_by = :owner
-"""
-)
-
-# LIVE_CLAIMANTS — the owners of live claims on PENDING events.
-LIVE_CLAIMANTS = sa.text(
-    "SELECT DISTINCT claimed_by FROM outbox_events WHERE status = 'PENDING' AND claimed_until > now()"
-)
-
-# FREE_DEAD_CLAIMS — give back the claims of a relay whose process is provably gone (locking.owner).
-#   :dead  text  the dead relay's owner string
-FREE_DEAD_CLAIMS = sa.text(
-    """
-UPDATE outbox_events SET claimed_by = NULL, claimed_until = NULL
- WHERE status = 'PENDING' AND claimed_by = :dead
-"""
-)
-
-# BACKLOG — pending count and the age in seconds of the oldest pending event (0 when none).
-BACKLOG = sa.text(
-    """
-SELECT count(*) AS pending,
-       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_pending_s
-  FROM outbox_events WHERE status = 'PENDING'
-"""
-)
-
 
 @dataclass(frozen=True)
 class OutboxEvent:
@@ -254,7 +184,7 @@ def _autocommit(engine: sa.Engine) -> sa.Engine:
 def _claim(engine: sa.Engine, owner: str, settings: RelaySettings) -> list[OutboxEvent]:
     with _autocommit(engine).connect() as conn:
         rows = conn.execute(
-            CLAIM_BATCH, {"limit": settings.batch_size, "owner": owner, "lease_s": settings.claim_lease_s}
+            sql.CLAIM_BATCH, {"limit": settings.batch_size, "owner": owner, "lease_s": settings.claim_lease_s}
         ).all()
     events = [OutboxEvent(int(r.id), str(r.aggregate_id), r.event_type, r.payload, r.created_at) for r in rows]
     return sorted(events, key=lambda e: e.id)
@@ -263,7 +193,7 @@ def _claim(engine: sa.Engine, owner: str, settings: RelaySettings) -> list[Outbo
 def _release(engine: sa.Engine, ids: list[int], owner: str) -> None:
     try:
         with _autocommit(engine).connect() as conn:
-            conn.execute(RELEASE_CLAIM, {"ids": ids, "owner": owner})
+            conn.execute(sql.RELEASE_CLAIM, {"ids": ids, "owner": owner})
     except sa.exc.DBAPIError as exc:  # the claim lease expires on its own
         log.warning("outbox relay: claim not released (%s); it expires with its lease", type(exc).__name__)
 
@@ -280,7 +210,7 @@ def relay_batch(engine: sa.Engine, *, sink: Sink, owner: str, settings: RelaySet
         _release(engine, ids, owner)
         raise
     with _autocommit(engine).connect() as conn:
-        marked = len(conn.execute(MARK_SENT, {"ids": ids, "owner": owner}).all())
+        marked = len(conn.execute(sql.MARK_SENT, {"ids": ids, "owner": owner}).all())
     if marked < len(ids):
         log.warning("outbox relay: %d of %d events were claimed by another relay meanwhile (sent again)",
                     len(ids) - marked, len(ids))
@@ -293,11 +223,11 @@ def free_dead_claims(engine: sa.Engine) -> int:
     from batch_assets.locking.owner import provably_dead
 
     with engine.connect() as conn:
-        claimants = [owner for owner in conn.execute(LIVE_CLAIMANTS).scalars() if provably_dead(owner)]
+        claimants = [owner for owner in conn.execute(sql.LIVE_CLAIMANTS).scalars() if provably_dead(owner)]
     freed = 0
     for dead in claimants:
         with engine.begin() as conn:
-            freed += conn.execute(FREE_DEAD_CLAIMS, {"dead": dead}).rowcount
+            freed += conn.execute(sql.FREE_DEAD_CLAIMS, {"dead": dead}).rowcount
         log.warning("outbox relay: %d event(s) claimed by %s, whose process is gone, are claimable again",
                     freed, dead)
     return freed
@@ -425,5 +355,5 @@ class _Listener:
 def backlog(engine: sa.Engine) -> tuple[int, float]:
     """(pending events, age in seconds of the oldest pending one)."""
     with engine.connect() as conn:
-        row = conn.execute(BACKLOG).one()
+        row = conn.execute(sql.BACKLOG).one()
     return int(row.pending), float(row.oldest_pending_s)

@@ -1,0 +1,79 @@
+"""The outbox relay's statements, by name: `sa.text` with bound parameters only.
+
+Every write after a claim is fenced by the claim (`claimed_by = :owner`), so a relay whose claim
+moved to another relay changes nothing.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+# CLAIM_BATCH — claim the oldest PENDING events with no live claim, in one autocommit statement.
+#   :limit    int    events per batch
+#   :owner    text   the relay's owner string ("<run id>@<host>:<pid>")
+#   :lease_s  float  claim lease in seconds (claimed_until = now() + lease)
+# Returns the claimed events (any order; the caller sorts by id).
+CLAIM_BATCH = sa.text(
+    """
+WITH batch AS (
+    SELECT id FROM outbox_events
+     WHERE status = 'PENDING' AND (claimed_until IS NULL OR claimed_until < now())
+     ORDER BY id
+     LIMIT :limit
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_events o
+   SET claimed_by = :owner,
+       claimed_until = now() + make_interval(secs => :lease_s),
+       attempts = o.attempts + 1
+  FROM batch
+ WHERE o.id = batch.id
+RETURNING o.id, o.aggregate_id, o.event_type, o.payload, o.created_at
+"""
+).bindparams(sa.bindparam("lease_s", type_=sa.Float))
+
+# MARK_SENT — after the sink accepted the batch; fenced by the claim.
+#   :ids    bigint[]  the batch
+#   :owner  text      the claiming relay
+# Returns the ids marked SENT (rows whose claim moved to another relay are not).
+MARK_SENT = sa.text(
+    """
+UPDATE outbox_events
+   SET status = 'SENT', sent_at = now(), claimed_by = NULL, claimed_until = NULL
+ WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'PENDING' AND claimed_by = :owner
+RETURNING id
+"""
+)
+
+# RELEASE_CLAIM — the sink refused the batch: give the claim back so the next pass retries it.
+#   :ids    bigint[]  the batch
+#   :owner  text      the claiming relay
+RELEASE_CLAIM = sa.text(
+    """
+UPDATE outbox_events SET claimed_by = NULL, claimed_until = NULL
+ WHERE id = ANY(CAST(:ids AS bigint[])) AND status = 'PENDING' AND claimed_by = :owner
+"""
+)
+
+# LIVE_CLAIMANTS — the owners of live claims on PENDING events.
+LIVE_CLAIMANTS = sa.text(
+    "SELECT DISTINCT claimed_by FROM outbox_events WHERE status = 'PENDING' AND claimed_until > now()"
+)
+
+# FREE_DEAD_CLAIMS — give back the claims of a relay whose process is provably gone (locking.owner).
+#   :dead  text  the dead relay's owner string
+FREE_DEAD_CLAIMS = sa.text(
+    """
+UPDATE outbox_events SET claimed_by = NULL, claimed_until = NULL
+ WHERE status = 'PENDING' AND claimed_by = :dead
+"""
+)
+
+# BACKLOG — pending count and the age in seconds of the oldest pending event (0 when none).
+BACKLOG = sa.text(
+    """
+SELECT count(*) AS pending,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_pending_s
+  FROM outbox_events WHERE status = 'PENDING'
+"""
+)
