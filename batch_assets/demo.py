@@ -36,7 +36,7 @@ def run_demo(
     from batch_assets.domains.outbox.dagster import OutboxRelayConfig
     from batch_assets.domains.payments.dagster import QueueDrainConfig
     from batch_assets.domains.subscriptions.dagster import ExpiryConfig
-    from batch_assets.orchestration.config import today_in
+    from batch_assets.run_dates import today_in
 
     run_date = today_in(settings.timezone)
     cipher = cipher_from_settings(settings)

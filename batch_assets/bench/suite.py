@@ -99,7 +99,7 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
     from batch_assets.db.engine import create_engine, resolve_database_url
     from batch_assets.db.migrate import migrate
     from batch_assets.domains.customer_status.seed import seed_customers
-    from batch_assets.orchestration.config import today_in
+    from batch_assets.run_dates import today_in
 
     run_date = options.run_date or today_in(settings.timezone)
     key_text = generate_key_text()  # a throwaway key: bench data is synthetic

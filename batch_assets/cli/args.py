@@ -23,14 +23,14 @@ class Parser(argparse.ArgumentParser):
 
 def parse_run_date(text: str | None) -> date | None:
     """`--run-date`: exactly YYYY-MM-DD (ASCII digits); the one parser the Config classes use too."""
-    from batch_assets.orchestration.config import parse_run_date as parse
+    from batch_assets.run_dates import parse_run_date as parse
 
     return parse(text)
 
 
 def today_in(timezone: str) -> date:
     """Today in the configured time zone: the default run date, computed once per run."""
-    from batch_assets.orchestration.config import today_in as today
+    from batch_assets.run_dates import today_in as today
 
     return today(timezone)
 

@@ -46,7 +46,7 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Any) -> None:
     """sweep customer-status"""
-    from batch_assets.domains.customer_status.dagster import MAX_RANGES
+    from batch_assets.domains.customer_status.job import MAX_RANGES
     from batch_assets.engine.settings import MAXIMA
 
     sweep = sub.add_parser("sweep", help="run a sweep").add_subparsers(dest="sweep_name", required=True)

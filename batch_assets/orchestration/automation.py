@@ -14,7 +14,7 @@ from datetime import datetime
 
 import dagster as dg
 
-from batch_assets.orchestration.config import zone
+from batch_assets.run_dates import zone
 
 IN_PROGRESS = frozenset({
     dg.DagsterRunStatus.QUEUED,

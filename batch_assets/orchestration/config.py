@@ -17,72 +17,22 @@ bounds, with the same messages.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
-from datetime import date, datetime
+from datetime import date
 from typing import Any, Self
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dagster as dg
 import pydantic
 from pydantic import Field, field_validator
 
 from batch_assets.errors import ConfigError
-from batch_assets.settings import TIMEZONE_VAR, load_settings
+from batch_assets.run_dates import check_run_date_window, parse_run_date, today_in, zone
 
 MAX_COUNT = 10_000_000
 """Upper bound of any count knob that has no tighter one of its own."""
 MAX_SECONDS = 7 * 86_400
 """Upper bound of any duration knob (seconds) that has no tighter one: a week."""
 MAX_RETRIES = 1000
-
-RUN_DATE_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
-"""Exactly YYYY-MM-DD in ASCII digits: `date.fromisoformat` alone also takes 20261130 and 2026-W48-1."""
-
-
-def parse_run_date(value: str | None, *, field: str = "run_date") -> date | None:
-    """`YYYY-MM-DD` → date; None/empty → None; anything else is a ConfigError naming the field."""
-    if value is None or not str(value).strip():
-        return None
-    text = str(value).strip()
-    try:
-        if not RUN_DATE_RE.fullmatch(text):
-            raise ValueError
-        return date.fromisoformat(text)
-    except ValueError:
-        raise ConfigError(f"must be a date YYYY-MM-DD, got {text!r}", field=field) from None
-
-
-def check_run_date_window(run_date: date | None, *, allow_distant: bool, field: str = "run_date") -> None:
-    """A run date more than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366) from today needs `allow_distant`.
-
-    A mistyped year (2070, 1926) would otherwise rewrite every category as of that day.
-    """
-    if run_date is None or allow_distant:
-        return
-    settings = load_settings()
-    today = today_in(settings.timezone)
-    window = settings.run_date_window_days
-    if abs((run_date - today).days) > window:
-        raise ConfigError(
-            f"{run_date.isoformat()} is more than {window} days from today ({today.isoformat()}); "
-            f"pass allow_distant_run_date (CLI: --allow-distant-run-date) if that is really meant",
-            field=field,
-        )
-
-
-def zone(name: str) -> ZoneInfo:
-    """The configured time zone, or a ConfigError naming BATCH_ASSETS_TIMEZONE."""
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(f"unknown time zone {name!r}", field=TIMEZONE_VAR) from None
-
-
-def today_in(timezone: str) -> date:
-    """Today's date in `timezone` (the default run date; computed once per run)."""
-    return datetime.now(zone(timezone)).date()
-
 
 def count_field(default_text: str, *, maximum: float = MAX_COUNT, description: str) -> Any:
     """A whole-number knob: 0 = `default_text`, at most `maximum`."""

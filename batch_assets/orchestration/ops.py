@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from batch_assets import run_history
 from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
 from batch_assets.errors import ConfigError
-from batch_assets.orchestration.config import JobConfig, today_in
+from batch_assets.orchestration.config import JobConfig
+from batch_assets.run_dates import today_in
 from batch_assets.run_history import empty_summary
 from batch_assets.settings import load_settings
 from batch_assets.shutdown import STOP

@@ -34,6 +34,7 @@ from pydantic import Field, field_validator
 from batch_assets import run_history
 from batch_assets.db.engine import one_off_engine
 from batch_assets.domains.customer_status import sql
+from batch_assets.domains.customer_status.job import DEFAULT_RANGES, MAX_RANGES, SWEEP_MODES
 from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
@@ -75,9 +76,6 @@ log = logging.getLogger(__name__)
 
 SWEEP_JOB_KEY = "customer_status_sweep"
 """The lock and lease name shared by delta, full and config-change (they never overlap)."""
-SWEEP_MODES = ("delta", "full", "config-change")
-DEFAULT_RANGES = 4
-MAX_RANGES = 256
 SWEEP_TAGS = {"batch_assets/kind": "sweep"}
 GROUP = "customer_status"
 

@@ -17,6 +17,11 @@ from batch_assets.engine.runner import ProgressCallback, run_sweep
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import ConfigError
 
+SWEEP_MODES = MODES
+DEFAULT_RANGES = 4
+"""Cursor ranges of a full or config-change run (one mapped op each); a delta is always one range."""
+MAX_RANGES = 256
+
 
 def run_customer_status_sweep(
     engine: sa.Engine,

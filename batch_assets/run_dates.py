@@ -1,0 +1,61 @@
+"""Run dates: parsed strictly, kept within a window of today, in the configured time zone.
+
+No Dagster here: the CLI parses `--run-date` with these before it loads anything heavy, and the
+jobs' Config classes (orchestration.config) use the same functions.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from batch_assets.errors import ConfigError
+from batch_assets.settings import TIMEZONE_VAR, load_settings
+
+RUN_DATE_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
+"""Exactly YYYY-MM-DD in ASCII digits: `date.fromisoformat` alone also takes 20261130 and 2026-W48-1."""
+
+
+def parse_run_date(value: str | None, *, field: str = "run_date") -> date | None:
+    """`YYYY-MM-DD` → date; None/empty → None; anything else is a ConfigError naming the field."""
+    if value is None or not str(value).strip():
+        return None
+    text = str(value).strip()
+    try:
+        if not RUN_DATE_RE.fullmatch(text):
+            raise ValueError
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"must be a date YYYY-MM-DD, got {text!r}", field=field) from None
+
+
+def check_run_date_window(run_date: date | None, *, allow_distant: bool, field: str = "run_date") -> None:
+    """A run date more than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366) from today needs `allow_distant`.
+
+    A mistyped year (2070, 1926) would otherwise rewrite every category as of that day.
+    """
+    if run_date is None or allow_distant:
+        return
+    settings = load_settings()
+    today = today_in(settings.timezone)
+    window = settings.run_date_window_days
+    if abs((run_date - today).days) > window:
+        raise ConfigError(
+            f"{run_date.isoformat()} is more than {window} days from today ({today.isoformat()}); "
+            f"pass allow_distant_run_date (CLI: --allow-distant-run-date) if that is really meant",
+            field=field,
+        )
+
+
+def zone(name: str) -> ZoneInfo:
+    """The configured time zone, or a ConfigError naming BATCH_ASSETS_TIMEZONE."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(f"unknown time zone {name!r}", field=TIMEZONE_VAR) from None
+
+
+def today_in(timezone: str) -> date:
+    """Today's date in `timezone` (the default run date; computed once per run)."""
+    return datetime.now(zone(timezone)).date()
