@@ -8,6 +8,7 @@ from datetime import date
 
 import pytest
 import sqlalchemy as sa
+from helpers import wait_for
 
 from batch_assets.domains.subscriptions.expiry import (
     JOB_LOCK_NAME,
@@ -445,17 +446,12 @@ def test_rows_reaching_max_retries_are_reported_by_id(engine: sa.Engine) -> None
     assert retry.to_summary("r")["retries_exhausted"] == 1
 
 
-def _wait_until(predicate, *, timeout: float, what: str):
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        pause.wait(0.02)
+def _terminate_backend_waiting_in(engine: sa.Engine, statement_like: str, what: str) -> None:
+    """Wait (deadline 30 s) until a backend running a statement LIKE `statement_like` waits on a lock; kill it."""
+    waiting_pid = wait_for(lambda: _scalar(engine, (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND query LIKE :statement"), statement=statement_like), timeout=30, interval=0.02, what=what)
+    assert _scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=waiting_pid)
 
 
 def test_a_connection_lost_inside_a_batch_write_is_retried_on_a_fresh_connection(engine: sa.Engine) -> None:
@@ -481,10 +477,7 @@ def test_a_connection_lost_inside_a_batch_write_is_retried_on_a_fresh_connection
     runner = threading.Thread(target=run, name="expiry-under-test")
     runner.start()
     try:
-        waiting_pid = _wait_until(lambda: _scalar(engine, (
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-            "AND query LIKE '%WITH expired AS%'")), timeout=30, what="the batch write to wait on the lock")
-        assert _scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=waiting_pid)
+        _terminate_backend_waiting_in(engine, "%WITH expired AS%", "the batch write to wait on the lock")
     finally:
         blocking.rollback()
         blocker.close()
@@ -529,10 +522,7 @@ def test_a_connection_lost_while_recording_a_failure_retries_only_that_record(en
     runner = threading.Thread(target=run, name="expiry-under-test")
     runner.start()
     try:
-        waiting_pid = _wait_until(lambda: _scalar(engine, (
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' "
-            "AND query LIKE '%retry_count + 1%'")), timeout=30, what="the failure record to wait on the lock")
-        assert _scalar(engine, "SELECT pg_terminate_backend(:pid)", pid=waiting_pid)
+        _terminate_backend_waiting_in(engine, "%retry_count + 1%", "the failure record to wait on the lock")
     finally:
         holder.execute(sa.text("SELECT pg_advisory_unlock(4242)"))
         holder.close()
