@@ -219,6 +219,15 @@ class Campaign:
             except Exception as exc:  # cleanup goes on: every service must be stopped
                 log(f"cleanup: {type(exc).__name__}: {exc}")
 
+    def _finish_faulted(self, proc: Running, res: FaultResult) -> tuple[CliResult, float]:
+        """Wait for the faulted run, record it with the product's outputs, describe it in `res`; (result, end time)."""
+        assert self.product is not None
+        faulted = proc.finish(timeout=300)
+        faulted_end = time.monotonic()
+        self.product.record(faulted)
+        res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
+        return faulted, faulted_end
+
     def env_for(self, database: str, *, redis: bool = False) -> dict[str, str]:
         assert self.product is not None
         return self.product.with_env(
@@ -448,10 +457,7 @@ class Campaign:
                 res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen:,}{unit}"
             else:
                 res.injected_note = f"not injected: the run ended first ({seen} of target {target})"
-        faulted = proc.finish(timeout=300)
-        faulted_end = time.monotonic()
-        self.product.record(faulted)  # type: ignore[union-attr]
-        res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
+        faulted, faulted_end = self._finish_faulted(proc, res)
         if spec.fault == "redis_down":
             res.notes.append(f"run with the lock store down: {faulted.brief()} {faulted.stderr_tail(1)[:160]}")
         if not res.injected:
@@ -619,10 +625,7 @@ $$""")
             res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen - already:,}/{due:,} expired"
         else:
             res.injected_note = f"not injected: the job ended first ({(seen or 0) - already} of {due})"
-        faulted = proc.finish(timeout=300)
-        faulted_end = time.monotonic()
-        self.product.record(faulted)  # type: ignore[union-attr]
-        res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
+        faulted, faulted_end = self._finish_faulted(proc, res)
         if res.injected:
             survived = faulted.rc == EXIT_OK and faulted.status == "SUCCESS"
             with engine.connect() as conn:
@@ -675,10 +678,7 @@ $$""")
                                  "not expected in it")
         else:
             res.injected_note = f"not injected: the relay ended first ({seen} SENT)"
-        faulted = proc.finish(timeout=300)
-        faulted_end = time.monotonic()
-        self.product.record(faulted)  # type: ignore[union-attr]
-        res.faulted = f"{faulted.brief()} in {faulted.duration_s:.1f}s"
+        faulted, faulted_end = self._finish_faulted(proc, res)
         if res.injected:
             if self.redis is not None and not self.redis.running():
                 self.redis.start()
