@@ -157,8 +157,7 @@ def launch_job(
 ) -> LaunchResult:
     """Run `job_name` as a Dagster run on the instance and return its run id, status and summary.
 
-    `config` is the job's `JobConfig` (SweepConfig, ExpiryConfig, ...), a dict of its fields or None;
-    the CLI passes the object it validated, which is not validated again here.
+    `config` is the job's `JobConfig` (SweepConfig, ExpiryConfig, ...), a dict of its fields or None.
     `executor`: "in_process" (the CLI), "multiprocess" (ranges in parallel processes, at most
     `max_concurrent`) or "celery" (the sweep's ranges on celery workers; `executor_config`
     may set {"broker": "redis://..."}).
@@ -170,10 +169,10 @@ def launch_job(
         name = spec.variants[executor].name
     elif executor not in ("in_process", "multiprocess"):
         raise ConfigError(f"{job_name} has no {executor} variant", field="executor")
-    if not isinstance(config, JobConfig) or isinstance(config, Mapping):
-        config, _ = validated_config(job_name, config)
-    elif not isinstance(config, spec.config):
-        raise ConfigError(f"expected {spec.config.__name__}, got {type(config).__name__}", field="config")
+    # Whatever the caller built (a Config object, a dict, None) is validated here, before anything runs:
+    # a library caller's object may never have been through to_settings() (cheap, so the CLI's own early
+    # call costs nothing worth saving).
+    config, _ = validated_config(job_name, config)
     run_config = build_run_config(
         name, config, executor=executor, max_concurrent=max_concurrent, executor_config=executor_config
     )

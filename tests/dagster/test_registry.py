@@ -96,6 +96,9 @@ def test_a_new_job_is_one_spec_in_the_registry(
     with pytest.raises(ConfigError) as info:
         launch_job("toy_count_job", {"limit": 5000}, settings=dagster_env)
     assert info.value.field == "limit"
+    with pytest.raises(ConfigError) as info:  # an object a library caller built without validation
+        launch_job("toy_count_job", ToyConfig.model_construct(limit=5000), settings=dagster_env)
+    assert info.value.field == "limit"
 
     result = launch_job("toy_count_job", {"limit": 25}, settings=dagster_env)
     assert result.dagster_status == "SUCCESS"
