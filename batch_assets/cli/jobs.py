@@ -22,9 +22,12 @@ if TYPE_CHECKING:
 
 
 def _fields(config: type[JobConfig]) -> list[dict[str, Any]]:
+    from batch_assets.orchestration.config import field_bounds
+
     fields = []
     for name, info in config.model_fields.items():
-        bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "le") if getattr(m, k, None) is not None}
+        ge, le = field_bounds(info)
+        bounds = {k: v for k, v in (("ge", ge), ("le", le)) if v is not None}
         fields.append({"name": name, "type": getattr(info.annotation, "__name__", str(info.annotation)),
                        "default": info.default, **bounds, "description": info.description or ""})
     return fields

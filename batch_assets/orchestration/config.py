@@ -45,7 +45,8 @@ def seconds_field(default_text: str, *, maximum: float = MAX_SECONDS, descriptio
                  description=f"{description} 0 = {default_text}; at most {maximum:g} s.")
 
 
-def _bounds(info: Any) -> tuple[float | None, float | None]:
+def field_bounds(info: Any) -> tuple[float | None, float | None]:
+    """A pydantic field's (ge, le) bounds, None where it has none."""
     ge = le = None
     for meta in info.metadata:
         ge = getattr(meta, "ge", ge)
@@ -78,7 +79,7 @@ class JobConfig(dg.Config):
     def check_fields(self) -> None:
         """Each numeric or boolean field against its type and its Field bounds; ConfigError names the field."""
         for name, info in type(self).model_fields.items():
-            ge, le = _bounds(info)
+            ge, le = field_bounds(info)
             _check_value(name, info.annotation, getattr(self, name), ge, le)
 
     def to_settings(self) -> Any:
@@ -136,6 +137,7 @@ __all__ = [
     "JobConfig",
     "check_run_date_window",
     "count_field",
+    "field_bounds",
     "parse_run_date",
     "seconds_field",
     "today_in",

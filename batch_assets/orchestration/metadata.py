@@ -85,9 +85,3 @@ def observable_table(table: str, query: str, description: str) -> dg.SourceAsset
         # loads the registry, and it is not the user's to act on.
         warnings.simplefilter("ignore", dg.BetaWarning)
         return dg.observable_source_asset(name=table, group_name=BUSINESS_TABLES, description=description)(_observe)
-
-
-def status_counts(engine: sa.Engine, table: str) -> tuple[dict[str, int], dg.MetadataValue]:
-    """Rows of `table` (a module constant, never input) by status, as numbers and as a table."""
-    query = sa.text(f"SELECT status, count(*) AS n FROM {table} GROUP BY status ORDER BY status")  # noqa: S608
-    return counts_table(engine, query, label="status")

@@ -393,7 +393,7 @@ def summarise_sweep(
         context.log.info("no cursor range ran (the run was skipped); nothing to summarise")
         return {}
     engine = database.get_engine()
-    first = results[0] if results else {}
+    first = results[0]
     mode = first.get("mode")
     run_date = date.fromisoformat(first["run_date"]) if first.get("run_date") else None
     started = time.monotonic()

@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from batch_assets.domains.outbox import sql
 from batch_assets.domains.outbox.relay import (
     MAX_BATCH,
     RelaySettings,
@@ -27,7 +28,7 @@ from batch_assets.errors import LockNotAcquired
 from batch_assets.locking.guard import job_guard
 from batch_assets.orchestration.automation import schedule_timezone, tick_minute
 from batch_assets.orchestration.config import JobConfig, count_field, seconds_field
-from batch_assets.orchestration.metadata import run_numbers, status_counts
+from batch_assets.orchestration.metadata import counts_table, run_numbers
 from batch_assets.orchestration.ops import (
     FAILURE,
     SKIPPED,
@@ -157,7 +158,7 @@ def relay_outbox_events(
     summary = finish(context, engine, summary=_relay_summary(outcome, context.run_id, follow=plan.follow),
                      started_at=started_at)
     pending, oldest_s = backlog(engine)
-    _, table = status_counts(engine, "outbox_events")
+    _, table = counts_table(engine, sql.EVENTS_BY_STATUS, label="status")
     context.log_event(
         dg.AssetObservation(
             asset_key="outbox_events",

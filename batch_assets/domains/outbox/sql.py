@@ -77,3 +77,6 @@ SELECT count(*) AS pending,
   FROM outbox_events WHERE status = 'PENDING'
 """
 )
+
+# EVENTS_BY_STATUS — rows of outbox_events by status (run metadata). No parameters.
+EVENTS_BY_STATUS = sa.text("SELECT status, count(*) AS n FROM outbox_events GROUP BY status ORDER BY status")

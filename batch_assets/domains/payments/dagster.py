@@ -18,7 +18,7 @@ from batch_assets.domains.payments.worker import BREAKER_CODES, run_worker
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import IN_PROGRESS
 from batch_assets.orchestration.config import JobConfig, count_field, seconds_field
-from batch_assets.orchestration.metadata import observable_table, status_counts
+from batch_assets.orchestration.metadata import counts_table, observable_table
 from batch_assets.orchestration.ops import (
     config_failure,
     finish,
@@ -113,7 +113,7 @@ def drain_payment_queue(
         )
     summary = finish(context, engine, summary=result.to_summary(context.run_id), started_at=started_at)
     stats = queue_stats(engine)
-    _, table = status_counts(engine, "payments")
+    _, table = counts_table(engine, sql.PAYMENTS_BY_STATUS, label="status")
     context.log_event(
         dg.AssetMaterialization(
             asset_key="payment_status",

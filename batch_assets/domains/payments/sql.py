@@ -201,3 +201,6 @@ COPY_PAYMENTS = "COPY payments (id, amount_cents, priority) FROM STDIN"
 STUCK_PAYMENTS_SQL = sa.text(
     "SELECT count(*), min(claimed_until)::text FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()"
 )
+
+# PAYMENTS_BY_STATUS — rows of payments by status (run metadata). No parameters.
+PAYMENTS_BY_STATUS = sa.text("SELECT status, count(*) AS n FROM payments GROUP BY status ORDER BY status")

@@ -19,7 +19,7 @@ from batch_assets.domains.subscriptions.expiry import ExpirySettings, run_expiry
 from batch_assets.errors import LockNotAcquired
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
 from batch_assets.orchestration.config import MAX_RETRIES, DatedConfig, count_field
-from batch_assets.orchestration.metadata import observable_table, run_numbers, status_counts
+from batch_assets.orchestration.metadata import counts_table, observable_table, run_numbers
 from batch_assets.orchestration.ops import (
     SKIPPED,
     empty_summary,
@@ -108,7 +108,7 @@ def expire_subscriptions(
         context, engine, summary=result.to_summary(context.run_id), started_at=started_at, mode=mode,
         run_date=run_date,
     )
-    _, table = status_counts(engine, "subscriptions")
+    _, table = counts_table(engine, sql.SUBSCRIPTIONS_BY_STATUS, label="status")
     context.log_event(
         dg.AssetMaterialization(
             asset_key="subscription_status",

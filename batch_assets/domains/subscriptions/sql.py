@@ -103,3 +103,6 @@ RETURNING retry_count
 FAILED_SUBSCRIPTIONS_SQL = sa.text(
     "SELECT count(*), coalesce(max(retry_count), 0) FROM subscriptions WHERE status = 'FAILED'"
 )
+
+# SUBSCRIPTIONS_BY_STATUS — rows of subscriptions by status (run metadata). No parameters.
+SUBSCRIPTIONS_BY_STATUS = sa.text("SELECT status, count(*) AS n FROM subscriptions GROUP BY status ORDER BY status")
