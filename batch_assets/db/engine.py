@@ -164,13 +164,16 @@ TRANSIENT_SQLSTATES = frozenset({"55P03", "25P03", "25006"})
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for a failure of the connection, the server or a timeout; False for one caused by the statement's data.
+    """True for a failure of the connection, the server or a timeout; False for one caused by the statement's data
+    or by the code.
 
     Transient: connection loss and server restarts (whatever SQLAlchemy layer reports them:
-    `OperationalError`, `InterfaceError`, an invalidated connection, or `PendingRollbackError` /
-    `InvalidRequestError` / `ResourceClosedError` on a connection whose transaction died with it),
-    `statement_timeout`, `lock_timeout`, deadlocks and `DatabaseUnavailable`. Not transient: a
-    constraint violation, bad data, a trigger that raised for the row.
+    `OperationalError`, `InterfaceError`, a DBAPI error that invalidated the connection, a
+    `DisconnectionError`, and the two states a connection is left in after one, see
+    `_lost_connection_state`), `statement_timeout`, `lock_timeout`, deadlocks and
+    `DatabaseUnavailable`. Not transient: a constraint violation, bad data, a trigger that raised for
+    the row, and every programming error (bad SQL, a column a result does not have, a result used
+    after it closed, a transaction misused): a retry would fail the same way.
 
     psycopg's own errors (code on a bare psycopg connection, such as the payment worker) are
     classified the same way: the classes SQLAlchemy would wrap as `OperationalError` /
@@ -187,9 +190,26 @@ def is_transient(exc: BaseException) -> bool:
         if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
             return True
         return _transient_sqlstate(getattr(exc.orig, "sqlstate", None))
-    # Not a driver error but the connection's state after one (e.g. "Can't reconnect until invalid
-    # transaction is rolled back", "This Connection is closed").
-    return isinstance(exc, sa.exc.PendingRollbackError | sa.exc.InvalidRequestError | sa.exc.ResourceClosedError)
+    return isinstance(exc, sa.exc.DisconnectionError) or _lost_connection_state(exc)
+
+
+# SQLAlchemy's code of the PendingRollbackError a Connection raises when it was invalidated inside a
+# transaction ("Can't reconnect until invalid transaction is rolled back").
+_INVALIDATED_IN_TRANSACTION = "8s2b"
+_CONNECTION_CLOSED = "This Connection is closed"
+
+
+def _lost_connection_state(exc: BaseException) -> bool:
+    """The state SQLAlchemy reports on a connection whose link died: invalidated inside a transaction, or closed.
+
+    Every other `InvalidRequestError` (NoSuchColumnError, "This result object does not return rows",
+    "This transaction is inactive", ...) is a programming error, which a retry cannot fix.
+    """
+    if isinstance(exc, sa.exc.PendingRollbackError):
+        return exc.code == _INVALIDATED_IN_TRANSACTION
+    if isinstance(exc, sa.exc.ResourceClosedError):
+        return bool(exc.args) and str(exc.args[0]) == _CONNECTION_CLOSED
+    return False
 
 
 def _transient_sqlstate(sqlstate: str | None) -> bool:
