@@ -84,7 +84,7 @@ class KilledOnce(ToySweep):
 
 
 def test_a_killed_backend_is_still_retried_and_the_run_completes(toy: sa.Engine, admin_engine: sa.Engine) -> None:
-    """pg_terminate_backend of the writing session: the write is retried on a fresh connection, SUCCESS, every row done."""
+    """pg_terminate_backend of the writing session: retried on a fresh connection, SUCCESS, every row done."""
     definition = KilledOnce(admin_engine)
     result = _run(toy, definition, transient_retries=3)
     assert definition.killed == 1
