@@ -148,6 +148,7 @@ checkpoints = sa.Table(
     sa.Column("status", sa.Text, nullable=False),
     sa.Column("counters", JSONB, nullable=False),
     sa.Column("updated_at", TZ, nullable=False),
+    sa.Column("generation", sa.Text, nullable=True),
 )
 
 run_history = sa.Table(

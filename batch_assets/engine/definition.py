@@ -238,6 +238,23 @@ class SweepDefinition(WritePlan):
         """How a row is named in DEBUG logs (an id, never a sensitive value)."""
         return str(self.cursor_of(row))
 
+    # Checkpointed cursors ----------------------------------------------------
+
+    def valid_cursor(self, cursor: Cursor, cursor_range: CursorRange) -> bool:
+        """Whether a checkpointed cursor is a position this sweep can resume from inside `cursor_range`.
+
+        A checkpoint is a row other connections can edit: one that is not a key of this sweep's shape,
+        or lies past the range's end, is not resumed (the range starts over). Never raises.
+        Default: any cursor."""
+        return cursor is not None
+
+    def display_cursor(self, cursor: Cursor | None) -> Any:
+        """The form of a cursor shown to people (logs, Dagster metadata, run history, the CLI's JSON).
+
+        It must show nothing sensitive (CONTRACT §5: no date derived from a date of birth); the checkpoint
+        table keeps the real cursor. Default: the cursor itself."""
+        return cursor
+
     def check_range(self, cursor_range: CursorRange) -> None:
         if not cursor_range.is_full and self.mode not in self.ranged_modes:
             raise ConfigError(f"mode {self.mode!r} runs over the whole key space only", field="cursor_range")
@@ -246,6 +263,10 @@ class SweepDefinition(WritePlan):
 class CheckpointLike(Protocol):
     @property
     def cursor(self) -> Any: ...
+
+    @property
+    def finished(self) -> bool:
+        """The range finished within the planned run's generation: it is not read again."""
 
 
 class CheckpointStoreLike(Protocol):

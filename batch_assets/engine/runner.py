@@ -60,6 +60,9 @@ PIN_READ_PLAN_SQL = (
 )
 UNPIN_READ_PLAN_SQL = "RESET enable_bitmapscan; RESET enable_sort"
 
+FINISHED = "finished"
+"""`resumed_from` of a range that had finished in the run's checkpoint generation (it reads nothing)."""
+
 MIN_ADAPTIVE_PAGE = 50
 MAX_RETRY_BACKOFF_S = 8.0
 
@@ -135,8 +138,12 @@ class _Run:
 
     def run(self) -> SweepResult:
         started = time.monotonic()
-        cursor, resumed_from = self._load_checkpoint()
-        last_cursor = cursor
+        cursor, finished = self._load_checkpoint()
+        if finished:
+            log.info("sweep %s: range %s finished earlier in this run's checkpoint generation; not read again",
+                     self.definition.name, self.range_key)
+            return self._result(SUCCESS, None, FINISHED, None, time.monotonic() - started)
+        resumed_from = last_cursor = cursor
         window: deque[tuple[Future[tuple[PageCounts, float]], Cursor]] = deque()
         reason: str | None = None
         advance = True  # False once the breaker tripped: later pages must not move the low watermark
@@ -144,7 +151,8 @@ class _Run:
         pool = ThreadPoolExecutor(self.settings.workers, thread_name_prefix=f"{self.definition.name}-worker")
         log.info(
             "sweep %s started: run_id=%s mode=%s run_date=%s range=%s resumed_from=%s",
-            self.definition.name, self.ctx.run_id, self.ctx.mode, self.ctx.run_date, self.range_key, resumed_from,
+            self.definition.name, self.ctx.run_id, self.ctx.mode, self.ctx.run_date, self.range_key,
+            self.definition.display_cursor(resumed_from),
         )
         next_read: Future[tuple[list, int]] | None = prefetch.submit(self._read, cursor, self.limit)
         try:
@@ -156,7 +164,7 @@ class _Run:
                     try:
                         rows, limit = next_read.result()
                     except Exception as exc:  # retries are spent (or a defect): stop, resumable
-                        reason = f"page read failed: {exc}"
+                        reason = f"page read failed: {error_text(exc)}"  # one line: never the parameters
                         next_read = None
                         break
                     if not rows:
@@ -232,15 +240,28 @@ class _Run:
             except Exception as exc:  # the interrupt is what the caller must see; the older checkpoint stays
                 log.warning("sweep %s: low watermark not recorded on interrupt: %s", self.definition.name,
                             type(exc).__name__)
-        log.warning("sweep %s interrupted: drained, low watermark %s", self.definition.name, last_cursor)
+        log.warning("sweep %s interrupted: drained, low watermark %s", self.definition.name,
+                    self.definition.display_cursor(last_cursor))
 
-    def _load_checkpoint(self) -> tuple[Cursor | None, Cursor | None]:
+    def _load_checkpoint(self) -> tuple[Cursor | None, bool]:
+        """(the cursor to resume after, or None to start at the range's start; whether the range finished)."""
         if self.checkpoints is None:
-            return None, None
+            return None, False
         checkpoint = self.checkpoints.load(self.definition.name, self.ctx.mode, self.range_key, self.ctx.fingerprint)
-        if checkpoint is None or checkpoint.cursor is None:
-            return None, None
-        return checkpoint.cursor, checkpoint.cursor
+        if checkpoint is None:
+            return None, False
+        if checkpoint.finished:
+            return None, True
+        cursor = checkpoint.cursor
+        if cursor is None:
+            return None, False
+        if not self.definition.valid_cursor(cursor, self.cursor_range):
+            # Resuming after it would fail every read (not a key) or end the range with rows unread (past its
+            # end). Not printed: it may hold a derived date.
+            log.warning("sweep %s: the checkpoint of mode %s range %s is not a position in the range; "
+                        "starting the range over", self.definition.name, self.ctx.mode, self.range_key)
+            return None, False
+        return cursor, False
 
     def _stop_reason(self) -> str | None:
         if self.stop is not None and self.stop.is_set():
@@ -401,6 +422,7 @@ class _Run:
         self, status: str, reason: str | None, resumed_from: Cursor | None, last_cursor: Cursor | None, seconds: float
     ) -> SweepResult:
         c = self.counters.snapshot()
+        shown = self.definition.display_cursor
         gave_up_on, gave_up_after = self.gave_up if self.gave_up is not None else (None, 0)
         return SweepResult(
             status=status,
@@ -416,10 +438,10 @@ class _Run:
             decrypted=c["decrypted"],
             triggers=c["triggers"],
             audit_events=c["audit_events"],
-            resumed_from=resumed_from,
+            resumed_from=resumed_from if resumed_from == FINISHED else shown(resumed_from),
             duration_s=seconds,
             stopped_reason=reason,
-            last_cursor=last_cursor,
+            last_cursor=shown(last_cursor),
             extra=c["extra"],
             retries=c["retries"],
             gave_up_on=gave_up_on,

@@ -34,8 +34,14 @@ from pydantic import Field, field_validator
 from batch_assets import run_history
 from batch_assets.db.engine import one_off_engine
 from batch_assets.domains.customer_status import sql
-from batch_assets.domains.customer_status.job import DEFAULT_RANGES, MAX_RANGES, SWEEP_MODES
+from batch_assets.domains.customer_status.job import (
+    DEFAULT_RANGES,
+    MAX_RANGES,
+    SWEEP_MODES,
+    checkpoint_fingerprint,
+)
 from batch_assets.domains.customer_status.rules_store import current_rules
+from batch_assets.domains.customer_status.sweep import SWEEP_NAME
 from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
 from batch_assets.engine.settings import MAXIMA, SweepSettings
@@ -176,6 +182,9 @@ class RangeTask:
     owner: str
     started_at: datetime
     rules_fingerprint: str
+    generation: str | None = None
+    """The run's checkpoint generation (plan_sweep registered every range in it): a range that finished
+    in it is not read again."""
 
     @property
     def label(self) -> str:
@@ -213,8 +222,10 @@ def plan_sweep(
     database: DatabaseResource,
     encryption: EncryptionResource,
     job_lock: JobLockResource,
+    checkpoints: CheckpointsResource,
 ) -> Iterator[dg.DynamicOutput[RangeTask]]:
-    """Validate the run config, fix the run date, take the run's lock + lease and map the cursor ranges."""
+    """Validate the run config, fix the run date, take the run's lock + lease, register the ranges' checkpoint
+    generation (resuming an unfinished one) and map the cursor ranges."""
     started_at = utcnow()
     # A missing or malformed key stops the run here too, before any read.
     plan = validated_plan(config, encryption.cipher)
@@ -236,9 +247,17 @@ def plan_sweep(
     with engine.connect() as conn:
         version, rules = current_rules(conn)
     ranges = [CursorRange()] if plan.ranges == 1 else split_key_space(plan.ranges)
+    # Decided once, here, for every range: whatever order and timing the ranges then run in, a range that
+    # finished in the generation this run resumes is not read again (CONTRACT §5).
+    generation = checkpoints.store(engine).begin(
+        SWEEP_NAME, plan.mode, [r.key for r in ranges], fingerprint=checkpoint_fingerprint(rules, run_date),
+        run_id=context.run_id, run_date=run_date,
+    )
+    resumed = f"resumes generation {generation.id} ({len(generation.finished)} range(s) finished)" \
+        if generation.resumed else f"checkpoint generation {generation.id}"
     context.log.info(
         f"sweep mode={plan.mode} run_date={run_date} ranges={len(ranges)} owner={owner} "
-        f"rules v{version} ({rules.fingerprint})"
+        f"rules v{version} ({rules.fingerprint}); {resumed}"
     )
     for index, cursor_range in enumerate(ranges):
         yield dg.DynamicOutput(
@@ -252,6 +271,7 @@ def plan_sweep(
                 owner=owner,
                 started_at=started_at,
                 rules_fingerprint=rules.fingerprint,
+                generation=generation.id,
             ),
             mapping_key=f"r{index:03d}_of_{len(ranges):03d}",
         )
@@ -284,7 +304,7 @@ def sweep_range(
                 settings=settings,
                 run_id=context.run_id,
                 guard=guard,
-                checkpoints=checkpoints.store(engine),
+                checkpoints=checkpoints.store(engine).in_generation(task.generation),
                 stop=STOP,
                 cursor_range=cursor_range,
                 progress=progress,

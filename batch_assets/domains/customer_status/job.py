@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from batch_assets.crypto import DobCipher
+from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import current_rules, settled_rules
 from batch_assets.domains.customer_status.sweep import MODES, CustomerStatusSweep
 from batch_assets.engine.definition import CheckpointStoreLike, CursorRange, RunContext, RunGuardLike
@@ -21,6 +22,11 @@ SWEEP_MODES = MODES
 DEFAULT_RANGES = 4
 """Cursor ranges of a full or config-change run (one mapped op each); a delta is always one range."""
 MAX_RANGES = 256
+
+
+def checkpoint_fingerprint(rules: Rules, run_date: date) -> str:
+    """What a checkpoint must match to be resumed: the rules and the run date."""
+    return f"{rules.fingerprint}:{run_date}"
 
 
 def run_customer_status_sweep(
@@ -58,7 +64,7 @@ def run_customer_status_sweep(
         old_rules = settled_rules(conn) if mode == "config-change" else None
     definition = CustomerStatusSweep(mode, cipher=cipher, run_date=run_date, rules=rules, previous_rules=old_rules)
     # A checkpoint is resumed only by a run with the same rules and run date.
-    ctx = RunContext(run_id=run_id, mode=mode, run_date=run_date, fingerprint=f"{rules.fingerprint}:{run_date}")
+    ctx = RunContext(run_id=run_id, mode=mode, run_date=run_date, fingerprint=checkpoint_fingerprint(rules, run_date))
     return run_sweep(
         engine,
         definition,

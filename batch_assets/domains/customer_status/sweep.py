@@ -8,6 +8,7 @@ memory and are never logged. The rules and run date are fixed per instance
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from datetime import date
@@ -29,6 +30,7 @@ MAX_MEMO = 100_000
 """Bound of the per-run evaluation memo (distinct dates of birth); cleared when exceeded."""
 
 _INVALID = ("", None, None)
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 class CustomerStatusSweep(SweepDefinition):
@@ -86,6 +88,31 @@ class CustomerStatusSweep(SweepDefinition):
 
     def describe(self, row: Any) -> str:
         return str(row[0])
+
+    def valid_cursor(self, cursor: Any, cursor_range: CursorRange) -> bool:
+        """full / config-change: an id inside the range; delta: [ISO date on or before the run date, or
+        '-infinity'; an id]."""
+        if self.mode != "delta":
+            key = _uuid(cursor)
+            return key is not None and cursor_range.lo <= key <= cursor_range.hi
+        if not isinstance(cursor, list) or len(cursor) != 2 or _uuid(cursor[1]) is None:
+            return False
+        after = cursor[0]
+        if after == NEGATIVE_INFINITY:
+            return True
+        if not isinstance(after, str) or not _ISO_DATE.fullmatch(after):
+            return False
+        try:
+            return date.fromisoformat(after) <= self.run_date
+        except ValueError:
+            return False
+
+    def display_cursor(self, cursor: Any) -> Any:
+        """A delta cursor's date is the stored next_review_date, derived from the date of birth: only its
+        id is shown ({"after_id": id}). A full cursor is an id and is shown as it is."""
+        if self.mode == "delta" and cursor is not None:
+            return {"after_id": str(cursor[-1]) if isinstance(cursor, list) and cursor else None}
+        return cursor
 
     # Computing -------------------------------------------------------------
 
@@ -181,3 +208,13 @@ class CustomerStatusSweep(SweepDefinition):
             },
         ).one()
         return WriteCounts(int(rows), int(events))
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    """`value` as a UUID if it is a string holding one, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
