@@ -112,3 +112,60 @@ def test_refused_and_timed_out_calls_are_http_errors_without_the_url() -> None:
     asyncio.run(scenario())
     with pytest.raises(ConfigError):
         PostClient("ftp://127.0.0.1/x", timeout_s=1, max_connections=1)
+
+
+def test_1xx_informational_responses_are_skipped_so_each_call_reads_its_own_verdict() -> None:
+    """103 Early Hints (and 100 Continue) before the final answer: the call returns the final status and the
+    next call on the same kept-alive connection reads its own answer, not the previous one's."""
+
+    async def scenario() -> None:
+        server, seen = await _serve([
+            b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n"
+            b"HTTP/1.1 500 Broken\r\nContent-Length: 0\r\n\r\n",
+            b"HTTP/1.1 422 No\r\nContent-Length: 0\r\n\r\n",
+        ])
+        port = server.sockets[0].getsockname()[1]
+        client = PostClient(f"http://127.0.0.1:{port}/", timeout_s=5, max_connections=1)
+        try:
+            statuses = [await client.post(b"{}", {"Idempotency-Key": f"k{i}"}) for i in range(3)]
+        finally:
+            await client.aclose()
+            server.close()
+        assert statuses == [200, 500, 422]
+        assert len(seen) == 3
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        b"HTTP/1.1 200",  # status line cut
+        b"HTTP/1.1 200 OK\r\nContent-Le",  # headers cut
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n",  # no blank line after the headers
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",  # body shorter than Content-Length
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",  # chunk cut
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n",  # last chunk without its blank line
+        b"HTTP/1.1 103 Early Hints\r\n\r\n",  # only the informational response
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n",  # never asked for
+    ],
+)
+def test_a_response_cut_short_is_a_transport_error_never_a_verdict(cut: bytes) -> None:
+    """The server closes mid-response: the call is a transport_error (retried later), never the cut status."""
+
+    async def scenario() -> None:
+        server, _ = await _serve([cut], close_after=1)
+        port = server.sockets[0].getsockname()[1]
+        client = PostClient(f"http://127.0.0.1:{port}/", timeout_s=5, max_connections=1)
+        try:
+            with pytest.raises(HttpError) as info:
+                await client.post(b"{}", {})
+        finally:
+            await client.aclose()
+            server.close()
+        assert info.value.kind == "transport_error"
+
+    asyncio.run(scenario())
+

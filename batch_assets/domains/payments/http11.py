@@ -4,8 +4,9 @@ Why not httpx here: on this project's 2-core machine an httpx.AsyncClient spent 
 milliseconds of CPU per request at 64 in flight (its pool scans every connection for every
 request), which capped the handler at a few hundred calls per second; this client does one
 write and one parse per call. It does exactly what the handler needs: POST a small JSON body,
-read the status, drain the body (Content-Length, chunked, or until close), keep the
-connection for the next call. No redirects, no cookies, no proxies. http and https.
+read the status (skipping 1xx informational responses), drain the body (Content-Length,
+chunked, or until close), keep the connection for the next call. A response cut short is a
+transport error, never a verdict. No redirects, no cookies, no proxies. http and https.
 """
 
 from __future__ import annotations
@@ -107,33 +108,30 @@ class PostClient:
                 writer.close()
 
     async def _read_response(self, reader: asyncio.StreamReader, status_line: bytes) -> tuple[int, bool]:
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise ValueError("not an HTTP/1.x status line")
-        status = int(parts[1])
-        keep = parts[0] == b"HTTP/1.1"
-        length: int | None = None
-        chunked = False
+        """The final response's status and whether the connection may be kept; its body is drained.
+
+        1xx informational responses (100 Continue, 103 Early Hints) come before the final one and
+        are skipped, so the final verdict is never left unread for the next call on this connection.
+        A response cut short anywhere (status line, headers, body) raises: a transport failure, never
+        a verdict.
+        """
         while True:
-            line = await reader.readline()
-            if line in (b"\r\n", b"\n", b""):
+            status, keep, length, chunked = await self._read_head(reader, status_line)
+            if status == 101:
+                raise ValueError("unexpected 101 Switching Protocols")
+            if not 100 <= status < 200:
                 break
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            value = value.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value
-            elif name == b"connection":
-                keep = value != b"close" if keep else value == b"keep-alive"
-        if status in (204, 304) or 100 <= status < 200:
+            status_line = await reader.readline()
+            _complete(status_line)
+        if status in (204, 304):
             return status, keep
         if chunked:
             while True:
-                size = int((await reader.readline()).split(b";", 1)[0].strip() or b"0", 16)
+                size_line = await reader.readline()
+                _complete(size_line)
+                size = int(size_line.split(b";", 1)[0].strip(), 16)
                 if size == 0:
-                    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    while _complete(await reader.readline()) not in (b"\r\n", b"\n"):
                         pass  # trailers
                     return status, keep
                 await reader.readexactly(size + 2)
@@ -143,7 +141,39 @@ class PostClient:
         await reader.read()  # no length: the body ends when the server closes
         return status, False
 
+    async def _read_head(self, reader: asyncio.StreamReader, status_line: bytes) -> tuple[int, bool, int | None, bool]:
+        """Status line and headers: (status, keep-alive, Content-Length or None, chunked)."""
+        parts = _complete(status_line).split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
+            raise ValueError("not an HTTP/1.x status line")
+        status = int(parts[1])
+        keep = parts[0] == b"HTTP/1.1"
+        length: int | None = None
+        chunked = False
+        while True:
+            line = _complete(await reader.readline())
+            if line in (b"\r\n", b"\n"):
+                return status, keep, length, chunked
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            value = value.strip().lower()
+            if name == b"content-length":
+                if not value.isdigit() or (length is not None and length != int(value)):
+                    raise ValueError("bad Content-Length")
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value
+            elif name == b"connection":
+                keep = value != b"close" if keep else value == b"keep-alive"
+
     async def aclose(self) -> None:
         while self._idle:
             _, writer = self._idle.pop()
             writer.close()
+
+
+def _complete(line: bytes) -> bytes:
+    """`line` as read by readline; one without its line end means the server closed mid-response."""
+    if not line.endswith(b"\n"):
+        raise asyncio.IncompleteReadError(line, None)
+    return line
