@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import fields
 from typing import Any, TypeVar
 
 from batch_assets.errors import ConfigError
 
 T = TypeVar("T")
+
+# A number as a careful operator types it: ASCII digits only. int() and float() alone also take ' 5', '+5',
+# '1_000', '１８', 'nan' and 'inf'. At most 18 digits, so int() never meets its own length limit.
+WHOLE_NUMBER_RE = re.compile(r"[0-9]{1,18}", re.ASCII)
+DECIMAL_NUMBER_RE = re.compile(r"(?:[0-9]{1,18}(?:\.[0-9]{1,18})?|\.[0-9]{1,18})", re.ASCII)
 
 
 def build_settings(cls: type[T], overrides: dict[str, Any]) -> T:

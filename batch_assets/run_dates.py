@@ -18,16 +18,25 @@ RUN_DATE_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
 
 
 def parse_run_date(value: str | None, *, field: str = "run_date") -> date | None:
-    """`YYYY-MM-DD` → date; None/empty → None; anything else is a ConfigError naming the field."""
-    if value is None or not str(value).strip():
+    """`YYYY-MM-DD` → date; None (not given) → None; anything else is a ConfigError naming the field.
+
+    An empty value is refused, not read as "today": it is what an unset shell variable gives
+    (`--run-date "$RUN_DATE"`), and running today's sweep instead is not what was meant. So is any
+    space around the date: the text must be exactly ten ASCII characters.
+    """
+    if value is None:
         return None
-    text = str(value).strip()
+    if not isinstance(value, str):
+        raise ConfigError(f"must be a date YYYY-MM-DD, got {type(value).__name__}", field=field)
+    if not value.strip():
+        raise ConfigError(f"must be a date YYYY-MM-DD, got an empty value {value!r}", field=field)
+    if not RUN_DATE_RE.fullmatch(value):
+        shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}..."
+        raise ConfigError(f"must be a date YYYY-MM-DD in ASCII digits, got {shown}", field=field)
     try:
-        if not RUN_DATE_RE.fullmatch(text):
-            raise ValueError
-        return date.fromisoformat(text)
+        return date.fromisoformat(value)
     except ValueError:
-        raise ConfigError(f"must be a date YYYY-MM-DD, got {text!r}", field=field) from None
+        raise ConfigError(f"{value!r} is not a real date (YYYY-MM-DD)", field=field) from None
 
 
 def check_run_date_window(run_date: date | None, *, allow_distant: bool, field: str = "run_date") -> None:

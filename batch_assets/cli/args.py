@@ -10,6 +10,7 @@ from datetime import date
 from batch_assets.errors import (
     ConfigError,
 )
+from batch_assets.knobs import DECIMAL_NUMBER_RE, WHOLE_NUMBER_RE
 
 
 class UsageError(ConfigError):
@@ -38,16 +39,32 @@ def today_in(timezone: str) -> date:
 MAX_COUNT = 100_000_000
 """Upper bound of a row or item count on the command line (a mistyped extra digit fails at once)."""
 
+MAX_SEED = 2**63 - 1
+"""Upper bound of a random seed."""
+
+_SIGNED_RE = re.compile(r"-?[0-9]{1,18}", re.ASCII)
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII | re.IGNORECASE)
+
+
+def _not_empty(name: str, text: str) -> None:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{name} must not be empty, got {text!r}")
+
+
+def _shown(text: str) -> str:
+    """The value as an error line shows it: quoted, cut after 40 characters."""
+    return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
+
 
 def positive(name: str, maximum: int = MAX_COUNT) -> Callable[[str], int]:
-    """A whole number 0..maximum in ASCII digits (int() alone also takes '１８' and '1_000')."""
+    """A whole number 0..maximum in ASCII digits, nothing else: no sign, space, '_' or other digits."""
 
     def parse(text: str) -> int:
-        if not re.fullmatch(r"[+-]?[0-9]+", text.strip(), re.ASCII):
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number, got {text!r}")
+        _not_empty(name, text)
+        if not WHOLE_NUMBER_RE.fullmatch(text):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a whole number 0..{maximum} in ASCII digits, got {_shown(text)}")
         value = int(text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must not be negative, got {value}")
         if value > maximum:
             raise argparse.ArgumentTypeError(f"{name} must be at most {maximum}, got {value}")
         return value
@@ -65,28 +82,50 @@ def at_least_one(name: str, maximum: int = MAX_COUNT) -> Callable[[str], int]:
     return parse
 
 
+def seed_value(text: str) -> int:
+    """A random seed: a whole number 0..2**63-1 in ASCII digits."""
+    return positive("seed", MAX_SEED)(text)
+
+
 def priority_value(text: str) -> int:
-    """A payment priority: a whole number that fits the smallint column."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"priority must be an integer, got {text!r}") from None
+    """A payment priority: a whole number in ASCII digits (optionally negative) that fits the smallint column."""
+    _not_empty("priority", text)
+    if not _SIGNED_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"priority must be a whole number -32768..32767 in ASCII digits, got {_shown(text)}")
+    value = int(text)
     if not -32768 <= value <= 32767:
         raise argparse.ArgumentTypeError(f"priority must be within -32768..32767, got {value}")
     return value
 
 
-def fraction(name: str) -> Callable[[str], float]:
+def decimal(name: str, *, maximum: float | None = None) -> Callable[[str], float]:
+    """A non-negative decimal number in ASCII digits (e.g. 2, 0.5, .25): no sign, exponent, space, nan or inf."""
+
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not 0.0 <= value <= 1.0:
-            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1, got {value}")
+        _not_empty(name, text)
+        if not DECIMAL_NUMBER_RE.fullmatch(text):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a number in ASCII digits (e.g. 30 or 0.5), got {_shown(text)}")
+        value = float(text)
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{name} must be at most {maximum:g}, got {text}")
         return value
 
     return parse
+
+
+def fraction(name: str) -> Callable[[str], float]:
+    """A fraction 0..1 in ASCII digits."""
+    return decimal(name, maximum=1.0)
+
+
+def payment_id(text: str) -> str:
+    """A payment id as `queue dlq list` prints it: a UUID in its canonical 8-4-4-4-12 hex form."""
+    _not_empty("id", text)
+    if not _UUID_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"id must be a UUID (8-4-4-4-12 hex digits), got {_shown(text)}")
+    return text
 
 
 DISTANT_HELP = "allow a --run-date further from today than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366)"

@@ -52,15 +52,24 @@ def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
-    """`FIELD=VALUE`; VALUE is read as JSON when it is JSON (5, 0.5, true, null), else as a string."""
+    """`FIELD=VALUE`; VALUE is read as JSON when it is JSON (5, 0.5, true, null), else as a string.
+
+    An empty VALUE (`--set run_date=$UNSET`) or one with spaces around it is refused, naming the
+    field: it is never read as "the default".
+    """
     name, sep, raw = text.partition("=")
     if not sep or not name.strip():
         raise ConfigError(f"expected FIELD=VALUE, got {text!r}", field="set")
+    name = name.strip()
+    if not raw.strip():
+        raise ConfigError(f"must not be empty (--set {name}=VALUE), got {raw!r}", field=name)
+    if raw != raw.strip():
+        raise ConfigError(f"must not have spaces around it, got {raw!r}", field=name)
     try:
         value = json.loads(raw)
     except ValueError:
         value = raw
-    return name.strip(), value
+    return name, value
 
 
 def cmd_jobs_run(args: argparse.Namespace, settings: Settings) -> int:

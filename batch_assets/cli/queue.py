@@ -9,8 +9,11 @@ from typing import Any
 
 from batch_assets.cli.args import (
     at_least_one,
+    decimal,
+    payment_id,
     positive,
     priority_value,
+    seed_value,
 )
 from batch_assets.cli.common import (
     build_config,
@@ -114,13 +117,13 @@ def register(sub: Any) -> None:
     queue = sub.add_parser("queue", help="the payment task queue").add_subparsers(dest="queue_command", required=True)
     en = queue.add_parser("enqueue", help="enqueue NEW payments")
     en.add_argument("--count", type=at_least_one("count"), required=True)
-    en.add_argument("--seed", type=int, default=None)
+    en.add_argument("--seed", type=seed_value, default=None)
     en.add_argument("--priority", type=priority_value, default=0,
                     help="higher is claimed first; a due payment gains 1 per minute it waits (default 0)")
     en.set_defaults(func=cmd_queue_enqueue)
     wk = queue.add_parser("work", help="the resident payment worker (until SIGTERM/SIGINT, --max-seconds or --drain)")
     wk.add_argument("--concurrency", type=positive("concurrency"), default=None)
-    wk.add_argument("--max-seconds", type=float, default=None)
+    wk.add_argument("--max-seconds", type=decimal("max-seconds"), default=None)
     wk.add_argument("--drain", action="store_true", help="exit once nothing is due")
     wk.add_argument("--db-outage-s", type=positive("db-outage-s"), default=None,
                     help="seconds a lost database connection is retried before the worker fails (default 60, max 600)")
@@ -134,5 +137,6 @@ def register(sub: Any) -> None:
     dl.add_argument("--csv", action="store_true", help="CSV on stdout instead of JSON")
     dl.set_defaults(func=cmd_queue_dlq_list)
     dr = dlq.add_parser("replay")
-    dr.add_argument("--id", action="append", default=None, help="payment id (repeatable); default: all")
+    dr.add_argument("--id", action="append", type=payment_id, default=None,
+                    help="payment id (repeatable); default: all")
     dr.set_defaults(func=cmd_queue_dlq_replay)

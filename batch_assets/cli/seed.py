@@ -10,6 +10,7 @@ from batch_assets.cli.args import (
     at_least_one,
     fraction,
     parse_run_date,
+    seed_value,
     today_in,
 )
 from batch_assets.cli.output import emit, err
@@ -85,16 +86,16 @@ def register(sub: Any) -> None:
     sc.add_argument("--due-fraction", type=fraction("due-fraction"), default=None,
                     help="settle the table and make this fraction due on the run date (default: all fresh)")
     sc.add_argument("--bad-fraction", type=fraction("bad-fraction"), default=0.0)
-    sc.add_argument("--seed", type=int, default=None)
+    sc.add_argument("--seed", type=seed_value, default=None)
     sc.add_argument("--run-date", default=None)
     sc.set_defaults(func=cmd_seed_customers)
     ss = seed.add_parser("subscriptions", help="subscriptions with enrollments")
     ss.add_argument("--rows", type=at_least_one("rows"), required=True)
     ss.add_argument("--expired-fraction", type=fraction("expired-fraction"), default=0.3)
-    ss.add_argument("--seed", type=int, default=None)
+    ss.add_argument("--seed", type=seed_value, default=None)
     ss.add_argument("--run-date", default=None)
     ss.set_defaults(func=cmd_seed_subscriptions)
     sp = seed.add_parser("payments", help="NEW payments")
     sp.add_argument("--rows", type=at_least_one("rows"), required=True)
-    sp.add_argument("--seed", type=int, default=None)
+    sp.add_argument("--seed", type=seed_value, default=None)
     sp.set_defaults(func=cmd_seed_payments)

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from batch_assets.cli.args import (
-    positive,
+    at_least_one,
 )
 from batch_assets.cli.output import emit, err
 from batch_assets.settings import Settings
@@ -42,7 +42,7 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
 def register(sub: Any) -> None:
     """demo, bench, ui"""
     demo = sub.add_parser("demo", help="the README's main job, end to end")
-    demo.add_argument("--rows", type=positive("rows"), default=100_000)
+    demo.add_argument("--rows", type=at_least_one("rows"), default=100_000)
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="the benchmark suite (JSON report)")
@@ -52,5 +52,5 @@ def register(sub: Any) -> None:
     bench.set_defaults(func=cmd_bench)
 
     ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on the CLI's instance")
-    ui.add_argument("--port", type=int, default=3000)
+    ui.add_argument("--port", type=at_least_one("port", 65535), default=3000)
     ui.set_defaults(func=cmd_ui)

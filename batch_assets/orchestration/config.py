@@ -26,6 +26,7 @@ import pydantic
 from pydantic import Field, field_validator
 
 from batch_assets.errors import ConfigError
+from batch_assets.knobs import DECIMAL_NUMBER_RE, WHOLE_NUMBER_RE
 from batch_assets.run_dates import check_run_date_window, parse_run_date, today_in, zone
 
 MAX_COUNT = 10_000_000
@@ -73,6 +74,38 @@ def _check_value(name: str, annotation: Any, value: Any, ge: float | None, le: f
         raise ConfigError(f"must be at most {le:g}, got {value!r}", field=name)
 
 
+def _given_value(name: str, annotation: Any, value: Any) -> Any:
+    """A value handed to `from_values`, held to what an operator means before pydantic's lax coercion.
+
+    pydantic turns ' 5', '+5' and 5.0 into 5, 'yes' into True and reads '' as a string; each of these
+    is refused here, naming the field. A string of plain ASCII digits is taken for a number field.
+    """
+    kind = annotation if annotation in (int, float, bool) else {"int": int, "float": float, "bool": bool}.get(
+        annotation)
+    if isinstance(value, str):
+        shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}..."
+        if not value.strip():
+            raise ConfigError(f"must not be empty, got {value!r}", field=name)
+        if kind is int:
+            if not WHOLE_NUMBER_RE.fullmatch(value):
+                raise ConfigError(f"must be a whole number in ASCII digits, got {shown}", field=name)
+            return int(value)
+        if kind is float:
+            if not DECIMAL_NUMBER_RE.fullmatch(value):
+                raise ConfigError(f"must be a number in ASCII digits, got {shown}", field=name)
+            return float(value)
+        if kind is bool:
+            raise ConfigError(f"must be true or false, got {shown}", field=name)
+        return value
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"must be a whole number, got {value!r}", field=name)
+    if kind is float and (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)):
+        raise ConfigError(f"must be a finite number, got {value!r}", field=name)
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"must be true or false, got {value!r}", field=name)
+    return value
+
+
 class JobConfig(dg.Config):
     """Base of every job's run config (see the module docstring)."""
 
@@ -89,7 +122,11 @@ class JobConfig(dg.Config):
     @classmethod
     def from_values(cls, values: Mapping[str, Any] | None = None) -> Self:
         """The config from plain values (None = the default), pydantic's errors as a ConfigError naming the field."""
-        clean = {k: v for k, v in (values or {}).items() if v is not None}
+        fields = cls.model_fields
+        clean = {
+            k: _given_value(k, fields[k].annotation, v) if k in fields else v
+            for k, v in (values or {}).items() if v is not None
+        }
         try:
             return cls(**clean)
         except pydantic.ValidationError as exc:

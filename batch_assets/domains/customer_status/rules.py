@@ -19,7 +19,10 @@ SENTINEL = date(9999, 12, 31)
 """`next_review_date` of a row whose category can never change again."""
 
 _AGE_RE = re.compile(r"[0-9]{1,3}", re.ASCII)
-_NAME_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,62}$")
+MAX_CATEGORY_LENGTH = 63
+_NAME_RE = re.compile(r"[A-Z][A-Z0-9_]*", re.ASCII)
+MAX_MIN_AGE = 130
+"""CONTRACT §5: rule ages are at most 130."""
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,11 @@ class Rules:
     def parse(cls, text: str) -> Rules:
         """Parse `NAME=AGE,NAME=AGE,...` (the `rules set --thresholds` syntax)."""
         pairs: list[tuple[str, int]] = []
+        if not text.strip():
+            raise ConfigError(f"must not be empty, got {text!r} (expected NAME=AGE,NAME=AGE,...)", field="thresholds")
         for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
+            if not part:  # "MINOR=0,$UNSET" or a doubled comma: not a rule the operator meant to drop
+                raise ConfigError(f"empty entry in {text!r} (expected NAME=AGE,NAME=AGE,...)", field="thresholds")
             name, sep, age = part.partition("=")
             # ASCII digits only: str.isdigit() also takes '²' and '１８', which int() then rejects or reads.
             if not sep or not _AGE_RE.fullmatch(age.strip()):
@@ -84,21 +89,45 @@ class Rules:
 
 
 def validate(rules: Sequence[Rule]) -> None:
+    """CONTRACT §5: an ordered list, the first with min_age 0, ages strictly increasing and at most 130;
+    each category 1..63 characters, an upper-case letter then upper-case letters, digits or _, unique.
+
+    The one check of every path that makes Rules (CLI, Dagster, library, rules read back from ba_rules),
+    so rules that break it are never stored nor used; ConfigError names `thresholds` (exit 2).
+    """
     if not rules:
         raise ConfigError("at least one rule is required", field="thresholds")
+    for rule in rules:
+        _check_category(rule.category)
+        if isinstance(rule.min_age, bool) or not isinstance(rule.min_age, int):
+            raise ConfigError(f"min_age of {rule.category} must be a whole number, got {rule.min_age!r}",
+                              field="thresholds")
     if rules[0].min_age != 0:
-        raise ConfigError("the first rule must have min_age 0", field="thresholds")
+        raise ConfigError(f"the first rule must have min_age 0, got {rules[0].category}={rules[0].min_age}",
+                          field="thresholds")
     names = [r.category for r in rules]
-    for name in names:
-        if not _NAME_RE.match(name):
-            raise ConfigError(f"category {name!r} must be upper-case letters, digits or _", field="thresholds")
     if len(set(names)) != len(names):
         raise ConfigError("category names must be unique", field="thresholds")
-    ages = [r.min_age for r in rules]
-    if any(a < 0 or a > 200 for a in ages):
-        raise ConfigError("ages must be between 0 and 200", field="thresholds")
-    if any(b <= a for a, b in zip(ages, ages[1:], strict=False)):
-        raise ConfigError("ages must be strictly increasing", field="thresholds")
+    for rule in rules:
+        if not 0 <= rule.min_age <= MAX_MIN_AGE:
+            raise ConfigError(f"ages must be between 0 and {MAX_MIN_AGE}, got {rule.category}={rule.min_age}",
+                              field="thresholds")
+    for before, after in zip(rules, rules[1:], strict=False):
+        if after.min_age <= before.min_age:
+            raise ConfigError(f"ages must be strictly increasing, got {before.category}={before.min_age} "
+                              f"then {after.category}={after.min_age}", field="thresholds")
+
+
+def _check_category(name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a category name must be a non-empty text, got {name!r}", field="thresholds")
+    shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}..."
+    if len(name) > MAX_CATEGORY_LENGTH:
+        raise ConfigError(f"category {shown} is {len(name)} characters long; at most {MAX_CATEGORY_LENGTH}",
+                          field="thresholds")
+    if not _NAME_RE.fullmatch(name):
+        raise ConfigError(f"category {shown} must start with an upper-case letter, followed by upper-case "
+                          f"letters, digits or _ (at most {MAX_CATEGORY_LENGTH} characters)", field="thresholds")
 
 
 DEFAULT_RULES = Rules.from_pairs([("MINOR", 0), ("YOUNG_ADULT", 18), ("ADULT", 26), ("SENIOR", 65)])
