@@ -163,12 +163,12 @@ class CheckpointStore:
                 log.warning("checkpoints %s/%s: the unfinished generation is not resumed (%s), starting over",
                             sweep, mode, why)
             conn.execute(sa.delete(_t).where(_t.c.sweep == sweep, _t.c.mode == mode))
-            conn.execute(sa.insert(_t), [
-                {"sweep": sweep, "mode": mode, "range_key": key, "cursor": None, "rules_fingerprint": fingerprint,
+            conn.execute(sa.insert(_t).values([
+                {"sweep": sweep, "mode": mode, "range_key": key, "cursor": sa.null(), "rules_fingerprint": fingerprint,
                  "run_id": run_id, "run_date": _as_date(run_date), "status": PLANNED, "counters": {},
                  "updated_at": sa.func.now(), "generation": generation}
                 for key in range_keys
-            ])
+            ]))
         return Generation(generation, resumed=False)
 
     def load(self, sweep: str, mode: str, range_key: str, fingerprint: str | None) -> Checkpoint | None:
