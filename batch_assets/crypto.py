@@ -23,6 +23,7 @@ from batch_assets.errors import ConfigError, DecryptError
 from batch_assets.settings import ENCRYPTION_KEY_VAR, Settings
 
 NONCE_BYTES = 12
+TAG_BYTES = 16
 KEY_BYTES = 32
 DEV_KEY_FILE = "dev.key"
 
@@ -86,18 +87,23 @@ class DobCipher:
         nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
         return nonce + self._aead.encrypt(nonce, text.encode("ascii"), customer_id.bytes)
 
-    def decrypt_text(self, customer_id: uuid.UUID, blob: bytes) -> str:
-        """The plaintext; raises `DecryptError` (without any secret in it) on any failure."""
-        if len(blob) <= NONCE_BYTES + 16:
+    def decrypt(self, customer_id: uuid.UUID, blob: bytes) -> bytes:
+        """The plaintext bytes, whatever they hold; raises `DecryptError` (without any secret in it) when the
+        ciphertext does not authenticate under the key and this row's id (too short, corrupt, copied from
+        another row, another key). Whether the plaintext is a date is the caller's question."""
+        if len(blob) < NONCE_BYTES + TAG_BYTES:
             raise DecryptError("ciphertext too short")
         try:
-            plain = self._aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], customer_id.bytes)
+            return self._aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], customer_id.bytes)
         except InvalidTag:
             raise DecryptError("authentication failed (wrong key, wrong row or corrupt bytes)") from None
-        try:
-            return plain.decode("ascii")
-        except UnicodeDecodeError:
-            raise DecryptError("plaintext is not ASCII") from None
+
+    def decrypt_text(self, customer_id: uuid.UUID, blob: bytes) -> str:
+        """The plaintext as text; raises `DecryptError` only when it does not decrypt (see `decrypt`).
+
+        Bytes that are not UTF-8 become U+FFFD: a plaintext that decrypts is never a decrypt failure,
+        and the strict `YYYY-MM-DD` parse refuses anything that is not ASCII digits and dashes."""
+        return self.decrypt(customer_id, blob).decode("utf-8", errors="replace")
 
 
 @lru_cache(maxsize=4)

@@ -76,6 +76,7 @@ def _explain(conn: sa.Connection, statement: str | sa.TextClause, params: dict[s
 def explain_sweep_reads(engine: sa.Engine, run_date: date) -> list[dict[str, Any]]:
     """The delta and full-page reads, as the engine's reader sends them."""
     from batch_assets.domains.customer_status import sql
+    from batch_assets.domains.customer_status.sweep import MAX_VALUE_BYTES
     from batch_assets.engine.runner import PIN_READ_PLAN_SQL
 
     with engine.connect() as conn:
@@ -85,12 +86,13 @@ def explain_sweep_reads(engine: sa.Engine, run_date: date) -> list[dict[str, Any
         after = middle or uuid.UUID(int=0)
         conn.exec_driver_sql(PIN_READ_PLAN_SQL)  # the reader's session; this connection is discarded below
         lowest, highest = uuid.UUID(int=0), uuid.UUID(int=2**128 - 1)
+        page = {"limit": 1000, "max_value_bytes": MAX_VALUE_BYTES}
         reads = [
-            ("delta first page", sql.DELTA_FIRST_PAGE, {"run_date": run_date, "limit": 1000}),
+            ("delta first page", sql.DELTA_FIRST_PAGE, {"run_date": run_date, **page}),
             ("delta next page", sql.DELTA_AFTER_PAGE,
-             {"run_date": run_date, "limit": 1000, "after_date": "-infinity", "after_id": after}),
-            ("full first page", sql.FULL_FIRST_PAGE, {"lo": lowest, "hi": highest, "limit": 1000}),
-            ("full next page", sql.FULL_AFTER_PAGE, {"after": after, "hi": highest, "limit": 1000}),
+             {"run_date": run_date, "after_date": "-infinity", "after_id": after, **page}),
+            ("full first page", sql.FULL_FIRST_PAGE, {"lo": lowest, "hi": highest, **page}),
+            ("full next page", sql.FULL_AFTER_PAGE, {"after": after, "hi": highest, **page}),
         ]
         checks = [verdict(name, "customers", _explain(conn, statement, params), keyset=True)
                   for name, statement, params in reads]

@@ -103,14 +103,23 @@ UNCHANGED = RowOutcome()
 
 
 class WriteCounts:
-    """What a committed write did; `extra` holds the definition's own counters (summed into the result)."""
+    """What a committed write did; `extra` holds the definition's own counters (summed into the result).
 
-    __slots__ = ("rows", "audit_events", "extra")
+    `conflicts`: rows of the write that were not applied because they no longer held what was read
+    (another writer changed them since the read; CONTRACT §3). They are left as the other writer left
+    them (due), counted apart from `rows`, never as unchanged. `triggers`: side-effect rows written by
+    the same statement (e.g. review triggers conditioned on the same check).
+    """
 
-    def __init__(self, rows: int = 0, audit_events: int = 0, extra: dict[str, int] | None = None) -> None:
+    __slots__ = ("rows", "audit_events", "extra", "conflicts", "triggers")
+
+    def __init__(self, rows: int = 0, audit_events: int = 0, extra: dict[str, int] | None = None,
+                 conflicts: int = 0, triggers: int = 0) -> None:
         self.rows = rows
         self.audit_events = audit_events
         self.extra = extra
+        self.conflicts = conflicts
+        self.triggers = triggers
 
 
 class WritePlan(ABC):
@@ -130,7 +139,9 @@ class WritePlan(ABC):
     def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
         """The page's data, its bookkeeping stamp and its outbox events, in bulk, inside the page transaction.
 
-        `rows` counts rows written whose outcome is a success (not a failure kept due).
+        A row is written only if every column read still holds the value read (CONTRACT §3); the
+        others are counted in `conflicts`. `rows` counts rows written whose outcome is a success
+        (not a failure kept due).
         """
 
     def needs_side_effects(self, changed: Sequence[RowOutcome]) -> bool:

@@ -25,7 +25,7 @@ class Counters:
     """Thread-safe run counters; merged once per page, never per row from several threads."""
 
     __slots__ = ("_lock", "scanned", "changed", "unchanged", "failed", "failed_by_type", "pages", "decrypted",
-                 "triggers", "audit_events", "extra", "retries")
+                 "triggers", "audit_events", "conflicts", "extra", "retries")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -38,6 +38,7 @@ class Counters:
         self.decrypted = 0
         self.triggers = 0
         self.audit_events = 0
+        self.conflicts = 0
         self.extra: dict[str, int] = {}
         self.retries = 0
 
@@ -58,6 +59,7 @@ class Counters:
             self.decrypted += page.decrypted
             self.triggers += page.triggers
             self.audit_events += page.audit_events
+            self.conflicts += page.conflicts
             if page.extra:
                 for name, count in page.extra.items():
                     self.extra[name] = self.extra.get(name, 0) + count
@@ -74,6 +76,7 @@ class Counters:
                 "decrypted": self.decrypted,
                 "triggers": self.triggers,
                 "audit_events": self.audit_events,
+                "conflicts": self.conflicts,
                 "extra": dict(self.extra),
                 "retries": self.retries,
             }
@@ -83,7 +86,7 @@ class PageCounts:
     """What one page did; only committed writes are counted as changed."""
 
     __slots__ = ("scanned", "changed", "unchanged", "failed", "failed_by_type", "decrypted", "triggers",
-                 "audit_events", "systemic", "unwritten", "extra")
+                 "audit_events", "conflicts", "systemic", "unwritten", "extra")
 
     def __init__(self) -> None:
         self.scanned = 0
@@ -94,6 +97,8 @@ class PageCounts:
         self.decrypted = 0
         self.triggers = 0
         self.audit_events = 0
+        self.conflicts = 0
+        """Rows whose write was not applied because they no longer held what was read (left due)."""
         self.systemic = 0
         self.unwritten = 0
         """Rows whose write failed for their own reason (the row keeps its stored state)."""
@@ -130,6 +135,8 @@ class SweepResult:
     decrypted: int = 0
     triggers: int = 0
     audit_events: int = 0
+    conflicts: int = 0
+    """Rows another writer changed between this run's read and its write: not written, left due."""
     resumed_from: Any = None
     duration_s: float = 0.0
     stopped_reason: str | None = None
@@ -163,6 +170,7 @@ class SweepResult:
             "decrypted": self.decrypted,
             "triggers": self.triggers,
             "audit_events": self.audit_events,
+            "conflicts": self.conflicts,
             "resumed_from": self.resumed_from,
             "duration_s": round(self.duration_s, 3),
             "stopped_reason": self.stopped_reason,

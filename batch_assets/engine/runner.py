@@ -37,6 +37,7 @@ from batch_assets.engine.definition import (
     RunContext,
     RunGuardLike,
     SweepDefinition,
+    WriteCounts,
 )
 from batch_assets.engine.result import (
     FAILURE,
@@ -155,6 +156,7 @@ class _Run:
             self.definition.display_cursor(resumed_from),
         )
         next_read: Future[tuple[list, int]] | None = prefetch.submit(self._read, cursor, self.limit)
+        rows_read = 0  # rows of every page handed to the workers so far (FIFO: what the breaker will have seen)
         try:
             try:
                 while next_read is not None and reason is None:
@@ -173,7 +175,8 @@ class _Run:
                     end = self.definition.cursor_of(rows[-1])
                     # Keyset: the next page starts after this page's last row, read while workers compute.
                     next_read = prefetch.submit(self._read, end, self.limit) if len(rows) >= limit else None
-                    window.append((pool.submit(self._process_page, rows), end))
+                    rows_read += len(rows)
+                    window.append((pool.submit(self._process_page, rows, rows_read, next_read is None), end))
                     del rows
                     while len(window) >= self.settings.window and reason is None:
                         reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, None)
@@ -496,7 +499,9 @@ class _Run:
 
     # Worker threads --------------------------------------------------------
 
-    def _process_page(self, rows: Sequence[Any]) -> tuple[PageCounts, float]:
+    def _process_page(self, rows: Sequence[Any], rows_read: int, last: bool) -> tuple[PageCounts, float]:
+        """Compute and write one page. `rows_read`: the run's rows up to and including this page's, which is
+        what the breaker counts when this page is drained (FIFO); `last`: no page comes after it."""
         started = time.monotonic()
         definition = self.definition
         page = PageCounts()
@@ -528,13 +533,24 @@ class _Run:
                 page.unchanged += 1
             if outcome.change is not None:
                 changed.append(outcome)
-        if changed and page.systemic > self.settings.breaker_ratio * page.scanned:
-            # This page may trip the breaker (a wrong key, a broken dependency): record no failure
-            # markers for it, so a systemic failure never turns rows into "known bad" ones.
-            changed = [outcome for outcome in changed if outcome.failure is None or not outcome.record_only]
+        if changed and self._may_trip(page, rows_read, last):
+            # This page may trip the breaker (a wrong key, a broken dependency): write nothing for its
+            # failed rows (no marker, no cleared date), so a systemic failure never turns rows into "known
+            # bad" ones and a wrong key writes nothing. The page then never moves the low watermark, so
+            # the run that resumes it (with the right key) evaluates those rows again.
+            changed = [outcome for outcome in changed if outcome.failure is None]
         if changed:
             self._write(changed, page)
         return page, time.monotonic() - started
+
+    def _may_trip(self, page: PageCounts, rows_read: int, last: bool) -> bool:
+        """Whether this page trips the breaker, now or with the pages after it: its own ratio is over the
+        threshold and the run has read breaker_min_rows rows (the count `_drain_front` checks, exactly, since
+        pages drain in FIFO order) or may still read them (more pages follow). Only the last page of a run
+        that stays under breaker_min_rows can never trip: its failed rows are written (left due)."""
+        if page.systemic <= self.settings.breaker_ratio * page.scanned:
+            return False
+        return rows_read >= self.settings.breaker_min_rows or not last
 
     def _begin(self, conn: sa.Connection, timeouts: dict[str, str]) -> None:
         """First statement of every write transaction: SET LOCAL the timeouts and, when guarded, fence
@@ -553,7 +569,6 @@ class _Run:
         unfinished: the low watermark never passes it and the run ends FAILURE, resumable.
         """
         definition = self.definition
-        successes = sum(1 for outcome in changed if outcome.failure is None)
         with _PageConnection(self.engine) as held:
             # 1. Side effects that must survive a failed page, in their own short transaction, first:
             #    if the page write then fails, the stored row still differs and the next run redoes both.
@@ -574,10 +589,7 @@ class _Run:
                     counts = held.transaction(
                         self, "page write", self.page_timeouts, lambda conn: definition.write_page(conn, changed)
                     )
-                    page.changed += counts.rows
-                    page.audit_events += counts.audit_events
-                    page.add_extra(counts.extra)
-                    page.unchanged += successes - counts.rows  # changed concurrently since the read: left alone
+                    _take(page, counts)
                     return
                 except sa.exc.DBAPIError as exc:
                     log.warning("sweep %s: page write failed (%s); retrying row by row", definition.name,
@@ -609,11 +621,7 @@ class _Run:
             if definition.records_write_failures:
                 self._record_failure(held, outcome, exc)
             return
-        if outcome.failure is None:
-            page.changed += counts.rows
-            page.audit_events += counts.audit_events
-            page.add_extra(counts.extra)
-            page.unchanged += 1 - counts.rows
+        _take(page, counts)
 
     def _record_failure(self, held: _PageConnection, outcome: RowOutcome, exc: sa.exc.DBAPIError) -> None:
         """The definition's record of a failed row write, in a short transaction of its own."""
@@ -628,6 +636,16 @@ class _Run:
                         error_text(record_exc))
             return
         definition.failure_recorded(outcome, recorded)
+
+
+def _take(page: PageCounts, counts: WriteCounts) -> None:
+    """Count a committed write. A row it did not apply because another writer changed it since the read
+    is a conflict (left as that writer left it, due), never `unchanged`."""
+    page.changed += counts.rows
+    page.audit_events += counts.audit_events
+    page.triggers += counts.triggers
+    page.conflicts += counts.conflicts
+    page.add_extra(counts.extra)
 
 
 def _discard(conn: sa.Connection) -> None:

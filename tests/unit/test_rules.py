@@ -103,14 +103,15 @@ def _sweep(cipher: DobCipher, mode: str = "full") -> CustomerStatusSweep:
 def _row(cipher: DobCipher, text: str | None, category: str | None = None, next_review: date | None = None,
          failure: str | None = None) -> tuple:
     cid = uuid.uuid4()
-    return (cid, None if text is None else cipher.encrypt_text(cid, text), category, next_review, failure)
+    blob = None if text is None else cipher.encrypt_text(cid, text)
+    return (cid, blob, category, next_review, failure, None if blob is None else len(blob))
 
 
 def test_compute_dob_after_run_date_is_invalid_value(cipher: DobCipher) -> None:
     """A date of birth after the run date cannot be evaluated: invalid_value; only the failure kind is recorded."""
     outcome = _sweep(cipher).compute(_row(cipher, "2025-06-02"))
     assert (outcome.failure, outcome.decrypted, outcome.known) == ("invalid_value", 1, False)
-    assert outcome.change[2:] == (None, None, None, None, "invalid_value")
+    assert outcome.change[3:] == (None, None, None, None, None, "invalid_value", None)
 
 
 def test_compute_malformed_plaintext_is_invalid_value(cipher: DobCipher) -> None:
@@ -128,20 +129,20 @@ def test_compute_missing_ciphertext_is_missing_data_without_decrypt(cipher: DobC
 def test_compute_ciphertext_of_another_row_is_decrypt_failure(cipher: DobCipher) -> None:
     """A ciphertext copied from another row fails authentication: decrypt_failure, category and date kept."""
     good = _row(cipher, "1990-01-01")
-    moved = (uuid.uuid4(), good[1], "ADULT", date(2020, 1, 1), None)
+    moved = (uuid.uuid4(), good[1], "ADULT", date(2020, 1, 1), None, len(good[1]))
     outcome = _sweep(cipher).compute(moved)
     assert (outcome.failure, outcome.known) == ("decrypt_failure", False)
-    assert outcome.change[1:] == ("ADULT", date(2020, 1, 1), "ADULT", date(2020, 1, 1), None, "decrypt_failure")
+    assert outcome.change[3:] == ("ADULT", date(2020, 1, 1), None, "ADULT", date(2020, 1, 1), "decrypt_failure", None)
 
 
 def test_compute_same_failure_again_is_known_and_writes_nothing(cipher: DobCipher) -> None:
     """A due row that fails the way it failed last time is a known bad row: no write, not systemic."""
     good = _row(cipher, "1990-01-01")
-    moved = (uuid.uuid4(), good[1], None, None, "decrypt_failure")
+    moved = (uuid.uuid4(), good[1], None, None, "decrypt_failure", len(good[1]))
     outcome = _sweep(cipher).compute(moved)
     assert (outcome.failure, outcome.known, outcome.change) == ("decrypt_failure", True, None)
-    other = _sweep(cipher).compute((moved[0], moved[1], None, None, "missing_data"))
-    assert other.known is False and other.change[6] == "decrypt_failure"
+    other = _sweep(cipher).compute((moved[0], moved[1], None, None, "missing_data", len(good[1])))
+    assert other.known is False and other.change[8] == "decrypt_failure"
 
 
 def test_compute_success_after_a_failure_clears_the_marker(cipher: DobCipher) -> None:
@@ -149,14 +150,14 @@ def test_compute_success_after_a_failure_clears_the_marker(cipher: DobCipher) ->
     result = evaluate(date(1990, 7, 1), RUN_DATE, DEFAULT_RULES)
     row = _row(cipher, "1990-07-01", result.category, result.next_review_date, "decrypt_failure")
     outcome = _sweep(cipher).compute(row)
-    assert outcome.failure is None and outcome.change[6] is None
+    assert outcome.failure is None and outcome.change[8] is None
 
 
 def test_compute_failed_row_with_future_date_is_made_due(cipher: DobCipher) -> None:
     """A data failure on a row stamped with a future date clears the date (keeps the category) so it stays due."""
     outcome = _sweep(cipher).compute(_row(cipher, "garbage!!!", "ADULT", date(2030, 1, 1)))
     assert outcome.failure == "invalid_value"
-    assert outcome.change[3:5] == ("ADULT", None)
+    assert outcome.change[6:8] == ("ADULT", None)
 
 
 def test_compute_unchanged_row_has_no_change(cipher: DobCipher) -> None:
@@ -169,7 +170,7 @@ def test_compute_unchanged_row_has_no_change(cipher: DobCipher) -> None:
 def test_compute_transition_carries_the_effective_date(cipher: DobCipher) -> None:
     """A stored category that differs yields a change whose trigger date is the day the new category began."""
     outcome = _sweep(cipher).compute(_row(cipher, "1999-06-01", "YOUNG_ADULT", RUN_DATE))
-    _, old, _, new, next_review, since, failure = outcome.change
+    _, _, _, old, _, _, new, next_review, failure, since = outcome.change
     assert failure is None
     assert (old, new, next_review, since) == ("YOUNG_ADULT", "ADULT", date(2064, 6, 1), date(2025, 6, 1))
 
@@ -177,4 +178,4 @@ def test_compute_transition_carries_the_effective_date(cipher: DobCipher) -> Non
 def test_compute_first_computation_has_no_trigger(cipher: DobCipher) -> None:
     """A stored NULL category is a first computation: a change without a trigger date."""
     outcome = _sweep(cipher).compute(_row(cipher, "2010-01-01"))
-    assert outcome.change[3] == "MINOR" and outcome.change[5] is None
+    assert outcome.change[6] == "MINOR" and outcome.change[9] is None

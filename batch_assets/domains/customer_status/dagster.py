@@ -85,7 +85,8 @@ SWEEP_JOB_KEY = "customer_status_sweep"
 SWEEP_TAGS = {"batch_assets/kind": "sweep"}
 GROUP = "customer_status"
 
-_ADDITIVE = ("scanned", "changed", "unchanged", "failed", "pages", "decrypted", "triggers", "audit_events")
+_ADDITIVE = ("scanned", "changed", "unchanged", "failed", "pages", "decrypted", "triggers", "audit_events",
+             "conflicts")
 
 
 # --- config ------------------------------------------------------------------------------
@@ -239,7 +240,7 @@ def plan_sweep(
     except LockNotAcquired as exc:
         summary = empty_summary(
             SKIPPED, context.run_id, reason=str(exc), mode=plan.mode, run_date=run_date.isoformat(), pages=0,
-            decrypted=0, triggers=0, audit_events=0, resumed_from=None,
+            decrypted=0, triggers=0, audit_events=0, conflicts=0, resumed_from=None,
         )
         finish(context, engine, summary=summary, started_at=started_at, mode=plan.mode, run_date=run_date,
                output_metadata=False)
@@ -446,7 +447,7 @@ customers = observable_table(
     "Customers (written by other services); ACTIVE rows are swept.",
 )
 
-RANGE_COLUMNS = ("range", "scanned", "changed", "failed", "pages", "duration_s", "resumed_from")
+RANGE_COLUMNS = ("range", "scanned", "changed", "failed", "conflicts", "pages", "duration_s", "resumed_from")
 SWEEP_ASSET_KEYS = [dg.AssetKey("customer_status"), dg.AssetKey("review_triggers"), dg.AssetKey("outbox_events")]
 
 
@@ -479,6 +480,7 @@ def report_customer_status(
             **common,
             "pages": int(summary.get("pages") or 0),
             "decrypted": int(summary.get("decrypted") or 0),
+            "conflicts": int(summary.get("conflicts") or 0),
             "ranges": int(summary.get("ranges") or 0),
             "active_customers": sum(counts.values()),
             "failed_by_type": records_table(

@@ -179,9 +179,16 @@ def evaluate(dob: date, run_date: date, rules: Rules) -> Evaluation:
     return Evaluation(current.category, next_review, date_reaching_age(dob, current.min_age))
 
 
+_DOB_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+"""Exactly YYYY-MM-DD in ASCII digits (a [0-9] class matches ASCII only; fullmatch refuses a trailing newline)."""
+
+
 def parse_dob(text: str) -> date:
-    """Parse the strict `YYYY-MM-DD` plaintext; raises ValueError otherwise."""
-    if len(text) != 10 or text[4] != "-" or text[7] != "-":
+    """Parse the strict `YYYY-MM-DD` plaintext in ASCII digits; raises ValueError otherwise.
+
+    int() alone would take ' 990', '1_90', '+990' and non-ASCII digits such as '١٩٩٠'; year 0000 and
+    dates that do not exist (29 February of a common year) are refused by date()."""
+    if _DOB_TEXT.fullmatch(text) is None:
         raise ValueError("not YYYY-MM-DD")
     return date(int(text[0:4]), int(text[5:7]), int(text[8:10]))
 

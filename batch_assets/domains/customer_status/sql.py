@@ -1,17 +1,24 @@
 """The customer-status sweep's statements, by name. Bound parameters only (psycopg `:name`).
 
 The narrow projection every read returns is the row type of the sweep:
-(id uuid, encrypted_dob bytea, age_category text, next_review_date date, review_failure text).
+(id uuid, encrypted_dob bytea, age_category text, next_review_date date, review_failure text,
+ dob_bytes int). `encrypted_dob` is returned only when it is at most `:max_value_bytes` long (a valid
+ciphertext is 12 + 10 + 16 = 38 bytes); a longer one is returned as NULL with its length in
+`dob_bytes` (octet_length reads the TOAST header, not the value), so a page's memory is bounded by
+page_size × max_value_bytes whatever other services store.
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
-_COLUMNS = "id, encrypted_dob, age_category, next_review_date, review_failure"
+_COLUMNS = (
+    "id, CASE WHEN octet_length(encrypted_dob) <= :max_value_bytes THEN encrypted_dob END AS encrypted_dob, "
+    "age_category, next_review_date, review_failure, octet_length(encrypted_dob) AS dob_bytes"
+)
 
 # FULL_FIRST_PAGE — full / config-change, first page of a UUID range.
-# Parameters: lo uuid, hi uuid (inclusive bounds), limit int.
+# Parameters: lo uuid, hi uuid (inclusive bounds), limit int, max_value_bytes int.
 FULL_FIRST_PAGE = sa.text(f"""
 SELECT {_COLUMNS}
   FROM customers
@@ -21,7 +28,7 @@ SELECT {_COLUMNS}
 """)  # noqa: S608 — only the constant column list is interpolated
 
 # FULL_AFTER_PAGE — full / config-change, the page after a cursor.
-# Parameters: after uuid (cursor, exclusive), hi uuid (inclusive), limit int.
+# Parameters: after uuid (cursor, exclusive), hi uuid (inclusive), limit int, max_value_bytes int.
 FULL_AFTER_PAGE = sa.text(f"""
 SELECT {_COLUMNS}
   FROM customers
@@ -31,7 +38,7 @@ SELECT {_COLUMNS}
 """)  # noqa: S608
 
 # DELTA_FIRST_PAGE — delta, first page: due (NULL or <= run date), in customers_due_idx order.
-# Parameters: run_date date, limit int.
+# Parameters: run_date date, limit int, max_value_bytes int.
 DELTA_FIRST_PAGE = sa.text(f"""
 SELECT {_COLUMNS}
   FROM customers
@@ -41,7 +48,8 @@ SELECT {_COLUMNS}
 """)  # noqa: S608
 
 # DELTA_AFTER_PAGE — delta, the page after a cursor (coalesce(next_review_date, '-infinity'), id).
-# Parameters: after_date text ('YYYY-MM-DD' or '-infinity'), after_id uuid, run_date date, limit int.
+# Parameters: after_date text ('YYYY-MM-DD' or '-infinity'), after_id uuid, run_date date, limit int,
+#             max_value_bytes int.
 DELTA_AFTER_PAGE = sa.text(f"""
 SELECT {_COLUMNS}
   FROM customers
@@ -52,31 +60,33 @@ SELECT {_COLUMNS}
  LIMIT :limit
 """)  # noqa: S608
 
-# INSERT_REVIEW_TRIGGERS — the side effect, written before the page write in its own transaction.
-# Parameters: customer_ids uuid[], from_categories text[], to_categories text[], effective_dates date[].
-INSERT_REVIEW_TRIGGERS = sa.text("""
-INSERT INTO review_triggers (customer_id, from_category, to_category, effective_date)
-SELECT * FROM unnest(CAST(:customer_ids AS uuid[]), CAST(:from_categories AS text[]),
-                     CAST(:to_categories AS text[]), CAST(:effective_dates AS date[]))
-ON CONFLICT (customer_id, to_category, effective_date) DO NOTHING
-""")
-
-# WRITE_PAGE — one statement: the category and its next_review_date stamp for every changed row
-# (UPDATE ... FROM unnest), and one age_category_changed outbox event per row whose category
-# changed, built in SQL from the rows actually updated. A row is updated only if it still holds
-# what was read (optimistic check), so a row edited meanwhile is left due for the next run.
+# WRITE_PAGE — one statement for the whole page: the category and its next_review_date stamp for
+# every changed row (UPDATE ... FROM unnest), its review trigger (a transition) and one
+# age_category_changed outbox event per row whose category changed, both built in SQL from the rows
+# actually updated, so a trigger or an event exists exactly when its row's change committed.
+# A row is updated only if it still holds every column that was read (CONTRACT §3): status, the
+# source encrypted_dob (compared whole; a value that was too long to read is compared by its length,
+# which is all its outcome depended on), age_category, next_review_date and review_failure. A row
+# another service edited meanwhile is not written and is counted as a conflict: writing
+# encrypted_dob cleared its next_review_date (trigger customers_dob_written), so it is due for the
+# next run, and no trigger or event computed from the old value is written.
 # The payload holds ids and categories only: never a date of birth, never next_review_date.
 # A failed row is written only to record its failure kind in review_failure (category kept,
-# date kept due); a successful one clears review_failure.
-# Parameters: ids uuid[], old_categories text[], old_dates date[], new_categories text[], new_dates date[],
-#             failures text[] (NULL for a successful evaluation).
-# Returns one row: (successful rows updated, outbox events inserted).
+# date made due); a successful one clears review_failure.
+# Parameters: ids uuid[], old_blobs bytea[] (NULL when not read), old_lengths int[] (octet_length read),
+#             old_categories text[], old_dates date[], old_failures text[], new_categories text[],
+#             new_dates date[], failures text[] (NULL for a successful evaluation), trigger_dates date[]
+#             (effective date of the transition's review trigger, NULL for none).
+# Returns one row: (successful rows updated, outbox events inserted, review triggers inserted,
+#                   rows not updated because they changed since the read).
 WRITE_PAGE = sa.text("""
 WITH v AS (
-    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:old_categories AS text[]),
-                         CAST(:old_dates AS date[]), CAST(:new_categories AS text[]),
-                         CAST(:new_dates AS date[]), CAST(:failures AS text[]))
-        AS v(id, old_category, old_date, new_category, new_date, failure)
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:old_blobs AS bytea[]), CAST(:old_lengths AS int[]),
+                         CAST(:old_categories AS text[]), CAST(:old_dates AS date[]),
+                         CAST(:old_failures AS text[]), CAST(:new_categories AS text[]),
+                         CAST(:new_dates AS date[]), CAST(:failures AS text[]), CAST(:trigger_dates AS date[]))
+        AS v(id, old_blob, old_length, old_category, old_date, old_failure, new_category, new_date, failure,
+             trigger_date)
 ), updated AS (
     UPDATE customers AS c
        SET age_category = v.new_category, next_review_date = v.new_date, review_failure = v.failure,
@@ -84,9 +94,19 @@ WITH v AS (
       FROM v
      WHERE c.id = v.id
        AND c.status = 'ACTIVE'
+       AND octet_length(c.encrypted_dob) IS NOT DISTINCT FROM v.old_length
+       AND (v.old_blob IS NULL OR c.encrypted_dob = v.old_blob)
        AND c.age_category IS NOT DISTINCT FROM v.old_category
        AND c.next_review_date IS NOT DISTINCT FROM v.old_date
-    RETURNING c.id, v.old_category, v.new_category, v.failure
+       AND c.review_failure IS NOT DISTINCT FROM v.old_failure
+    RETURNING c.id, v.old_category, v.new_category, v.failure, v.trigger_date
+), triggers AS (
+    INSERT INTO review_triggers (customer_id, from_category, to_category, effective_date)
+    SELECT u.id, u.old_category, u.new_category, u.trigger_date
+      FROM updated AS u
+     WHERE u.failure IS NULL AND u.trigger_date IS NOT NULL
+    ON CONFLICT (customer_id, to_category, effective_date) DO NOTHING
+    RETURNING 1
 ), events AS (
     INSERT INTO outbox_events (aggregate_id, event_type, payload)
     SELECT u.id, 'age_category_changed',
@@ -96,7 +116,8 @@ WITH v AS (
      WHERE u.failure IS NULL AND u.old_category IS DISTINCT FROM u.new_category
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM updated WHERE failure IS NULL), (SELECT count(*) FROM events)
+SELECT (SELECT count(*) FROM updated WHERE failure IS NULL), (SELECT count(*) FROM events),
+       (SELECT count(*) FROM triggers), (SELECT count(*) FROM v) - (SELECT count(*) FROM updated)
 """)
 
 # CURRENT_RULES — the highest version of ba_rules. No parameters.

@@ -1,9 +1,16 @@
 """The customer-status sweep (CONTRACT §5) as a SweepDefinition plug-in.
 
-Row = (id, encrypted_dob, age_category, next_review_date, review_failure). Only encrypted_dob is
-decrypted, at most once per row; decrypted values never leave this module's
-memory and are never logged. The rules and run date are fixed per instance
-(per run), and evaluations are memoised per date-of-birth text for the run.
+Row = (id, encrypted_dob, age_category, next_review_date, review_failure, dob_bytes): encrypted_dob is
+NULL when it is longer than `max_value_bytes` (its length is in dob_bytes), so what a page holds is
+bounded by the settings, never by what other services store. Only encrypted_dob is decrypted, at most
+once per row; decrypted values never leave this module's memory and are never logged. The rules and
+run date are fixed per instance (per run), and evaluations are memoised per plaintext for the run.
+
+Every row another service may write gets a counted, named outcome and a row that cannot be evaluated
+is always left due (CONTRACT §5): no ciphertext or an empty one is missing_data; one that does not
+authenticate under the key and the row's id (too short, corrupt, another row's, another key) is
+decrypt_failure; one that decrypts to anything but `YYYY-MM-DD` in ASCII digits, a date that does not
+exist or lies after the run date, or a value longer than max_value_bytes is invalid_value.
 """
 
 from __future__ import annotations
@@ -20,14 +27,19 @@ from batch_assets.crypto import DobCipher
 from batch_assets.domains.customer_status import sql
 from batch_assets.domains.customer_status.rules import Rules, evaluate, needs_evaluation, parse_dob
 from batch_assets.engine.definition import CursorRange, RowOutcome, SweepDefinition, WriteCounts
-from batch_assets.engine.result import DATA_FAILURES, DECRYPT_FAILURE, INVALID_VALUE, MISSING_DATA
-from batch_assets.errors import DecryptError
+from batch_assets.engine.result import DECRYPT_FAILURE, INVALID_VALUE, MISSING_DATA
+from batch_assets.errors import ConfigError, DecryptError
 
 SWEEP_NAME = "customer_status"
 MODES = ("delta", "full", "config-change")
 NEGATIVE_INFINITY = "-infinity"
 MAX_MEMO = 100_000
 """Bound of the per-run evaluation memo (distinct dates of birth); cleared when exceeded."""
+MAX_VALUE_BYTES = 1024
+"""Default bound of an encrypted_dob the reads return (a valid one is 12 + 10 + 16 = 38 bytes); a longer
+value is never read, only its length, and is counted invalid_value. A page holds at most
+page_size × max_value_bytes of ciphertext."""
+VALID_CIPHERTEXT_BYTES = 38
 
 _INVALID = ("", None, None)
 _ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
@@ -48,8 +60,13 @@ class CustomerStatusSweep(SweepDefinition):
         run_date: date,
         rules: Rules,
         previous_rules: Rules | None = None,
+        max_value_bytes: int = MAX_VALUE_BYTES,
     ) -> None:
         super().__init__(mode)
+        if not VALID_CIPHERTEXT_BYTES <= max_value_bytes <= 1_048_576:
+            raise ConfigError(f"must be between {VALID_CIPHERTEXT_BYTES} and 1048576, got {max_value_bytes}",
+                              field="max_value_bytes")
+        self.max_value_bytes = max_value_bytes
         self.run_date = run_date
         self.rules = rules
         self.previous_rules = previous_rules
@@ -58,8 +75,8 @@ class CustomerStatusSweep(SweepDefinition):
         # A delta row whose write failed keeps its stored (due) date, so tomorrow's delta retries it; a
         # full or config-change row may hold a date that is not due, so the run must not pass it.
         self.failed_writes_stay_due = mode == "delta"
-        self._decrypt = cipher.decrypt_text
-        self._memo: dict[str, tuple[str, date | None, date | None]] = {}
+        self._decrypt = cipher.decrypt
+        self._memo: dict[bytes, tuple[str, date | None, date | None]] = {}
         self._unchanged_decrypted = RowOutcome(None, None, 1)
 
     # Reading ---------------------------------------------------------------
@@ -72,14 +89,17 @@ class CustomerStatusSweep(SweepDefinition):
 
     def page_params(self, cursor: Any, limit: int, cursor_range: CursorRange) -> dict[str, Any]:
         if self.mode == "delta":
-            params: dict[str, Any] = {"run_date": self.run_date, "limit": limit}
+            params: dict[str, Any] = {"run_date": self.run_date, "limit": limit,
+                                      "max_value_bytes": self.max_value_bytes}
             if cursor is not None:
                 params["after_date"], after_id = cursor
                 params["after_id"] = uuid.UUID(after_id)
             return params
         if cursor is None:
-            return {"lo": cursor_range.lo, "hi": cursor_range.hi, "limit": limit}
-        return {"after": uuid.UUID(cursor), "hi": cursor_range.hi, "limit": limit}
+            return {"lo": cursor_range.lo, "hi": cursor_range.hi, "limit": limit,
+                    "max_value_bytes": self.max_value_bytes}
+        return {"after": uuid.UUID(cursor), "hi": cursor_range.hi, "limit": limit,
+                "max_value_bytes": self.max_value_bytes}
 
     def cursor_of(self, row: Any) -> Any:
         if self.mode == "delta":
@@ -122,92 +142,74 @@ class CustomerStatusSweep(SweepDefinition):
         return needs_evaluation(row[2], row[3], self.run_date, self.previous_rules, self.rules)
 
     def compute(self, row: Any) -> RowOutcome:
-        customer_id, blob, category, next_review, stored_failure = row
+        customer_id, blob, category, next_review, stored_failure, _size = row
         if blob is None:
-            return self._failed(MISSING_DATA, row, 0)
+            # No ciphertext (size NULL), or one longer than max_value_bytes that was not read (size set).
+            return self._failed(MISSING_DATA if _size is None else INVALID_VALUE, row, 0)
+        if not blob:
+            return self._failed(MISSING_DATA, row, 0)  # an empty ciphertext: "unknown", not a key problem
         try:
-            text = self._decrypt(customer_id, blob)
+            plain = self._decrypt(customer_id, blob)
         except DecryptError:
             return self._failed(DECRYPT_FAILURE, row, 1)
-        result = self._memo.get(text)
+        result = self._memo.get(plain)
         if result is None:
-            result = self._evaluate(text)
+            result = self._evaluate(plain)
         new_category, new_review, since = result
         if new_review is None:
             return self._failed(INVALID_VALUE, row, 1)
         if new_category == category and new_review == next_review and stored_failure is None:
             return self._unchanged_decrypted
         trigger_since = since if category is not None and category != new_category else None
-        return RowOutcome(
-            (customer_id, category, next_review, new_category, new_review, trigger_since, None), None, 1
-        )
+        return RowOutcome(_change(row, new_category, new_review, None, trigger_since), None, 1)
 
-    def _evaluate(self, text: str) -> tuple[str, date | None, date | None]:
+    def _evaluate(self, plain: bytes) -> tuple[str, date | None, date | None]:
         result: tuple[str, date | None, date | None]
         try:
-            dob = parse_dob(text)
+            # parse_dob accepts exactly YYYY-MM-DD in ASCII digits; other bytes never reach it as text.
+            dob = parse_dob(plain.decode("ascii"))
             if dob > self.run_date:
                 result = _INVALID
             else:
                 evaluation = evaluate(dob, self.run_date, self.rules)
                 result = (evaluation.category, evaluation.next_review_date, evaluation.category_since)
-        except (ValueError, OverflowError):
+        except (ValueError, OverflowError):  # UnicodeDecodeError is a ValueError
             result = _INVALID
         if len(self._memo) >= MAX_MEMO:
             self._memo.clear()
-        self._memo[text] = result
+        self._memo[plain] = result
         return result
 
     def _failed(self, kind: str, row: Any, decrypted: int) -> RowOutcome:
-        # A row that cannot be evaluated keeps its category and must stay due: a future date left by an
-        # earlier run is cleared for data failures (a decrypt failure keeps it: with a wrong key the
-        # breaker stops the run before anything is written). The failure kind is recorded in
-        # review_failure, so the same failure next time is known and does not feed the breaker; a row
-        # already marked with this kind and still due costs no write.
-        customer_id, _blob, category, next_review, stored_failure = row
+        # A row that cannot be evaluated keeps its category and is always left due, whatever the kind
+        # (CONTRACT §5): a future date left by an earlier run is cleared. A wrong key writes nothing all
+        # the same: the runner drops the failures of a page that may trip the breaker. The failure kind
+        # is recorded in review_failure, so the same failure next time is known and does not feed the
+        # breaker; a row already marked with this kind and still due costs no write.
+        _id, _blob, category, next_review, stored_failure, _size = row
         known = stored_failure == kind
-        new_review = next_review
-        if kind in DATA_FAILURES and next_review is not None and next_review > self.run_date:
-            new_review = None
+        new_review = next_review if next_review is None or next_review <= self.run_date else None
         if known and new_review == next_review:
             return RowOutcome(None, kind, decrypted, known)
-        return RowOutcome((customer_id, category, next_review, category, new_review, None, kind), kind, decrypted,
-                          known, record_only=new_review == next_review)
+        return RowOutcome(_change(row, category, new_review, kind, None), kind, decrypted, known,
+                          record_only=new_review == next_review)
 
     # Writing ---------------------------------------------------------------
 
     def needs_side_effects(self, changed: Sequence[RowOutcome]) -> bool:
-        return any(o.change[5] is not None for o in changed)
+        # Review triggers are written by WRITE_PAGE itself, from the rows it updated: a trigger exists
+        # exactly when its row's change committed, so a row edited since the read gets none.
+        return False
 
     def write_side_effects(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> int:
-        triggers = [o.change for o in changed if o.change[5] is not None]
-        if not triggers:
-            return 0
-        result = conn.execute(
-            sql.INSERT_REVIEW_TRIGGERS,
-            {
-                "customer_ids": [t[0] for t in triggers],
-                "from_categories": [t[1] for t in triggers],
-                "to_categories": [t[3] for t in triggers],
-                "effective_dates": [t[5] for t in triggers],
-            },
-        )
-        return result.rowcount
+        return 0
 
     def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
         changes = [o.change for o in changed]
-        rows, events = conn.execute(
-            sql.WRITE_PAGE,
-            {
-                "ids": [c[0] for c in changes],
-                "old_categories": [c[1] for c in changes],
-                "old_dates": [c[2] for c in changes],
-                "new_categories": [c[3] for c in changes],
-                "new_dates": [c[4] for c in changes],
-                "failures": [c[6] for c in changes],
-            },
+        rows, events, triggers, conflicts = conn.execute(
+            sql.WRITE_PAGE, {name: [c[i] for c in changes] for i, name in enumerate(_WRITE_PARAMS)}
         ).one()
-        return WriteCounts(int(rows), int(events))
+        return WriteCounts(int(rows), int(events), conflicts=int(conflicts), triggers=int(triggers))
 
 
 def _uuid(value: Any) -> uuid.UUID | None:
@@ -218,3 +220,16 @@ def _uuid(value: Any) -> uuid.UUID | None:
         return uuid.UUID(value)
     except ValueError:
         return None
+
+
+_WRITE_PARAMS = ("ids", "old_blobs", "old_lengths", "old_categories", "old_dates", "old_failures",
+                 "new_categories", "new_dates", "failures", "trigger_dates")
+"""WRITE_PAGE's array parameters, in the order of a change tuple (`_change`)."""
+
+
+def _change(row: Any, new_category: str | None, new_review: date | None, failure: str | None,
+            trigger_date: date | None) -> tuple:
+    """A change tuple: what was read (every column WRITE_PAGE compares) and what to write."""
+    customer_id, blob, category, next_review, stored_failure, size = row
+    return (customer_id, blob, size, category, next_review, stored_failure, new_category, new_review, failure,
+            trigger_date)

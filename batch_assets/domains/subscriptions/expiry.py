@@ -133,7 +133,8 @@ class ExpiryResult:
     mode: str = NIGHTLY  # nightly | retry_failed
     scanned: int = 0  # rows selected
     expired: int = 0  # rows set EXPIRED (their enrollments deleted)
-    unchanged: int = 0  # selected, but changed by another writer before this run got to them
+    unchanged: int = 0  # selected but nothing to write (always 0: every selected row is to be expired)
+    conflicts: int = 0  # selected, but changed by another writer before this run wrote them: left to the next run
     failed: int = 0  # rows whose expiry failed this run
     failed_by_type: Counter[str] = field(default_factory=Counter)
     enrollments_deleted: int = 0
@@ -155,6 +156,7 @@ class ExpiryResult:
             "scanned": self.scanned,
             "changed": self.expired,
             "unchanged": self.unchanged,
+            "conflicts": self.conflicts,
             "failed": self.failed,
             "failed_by_type": dict(sorted(self.failed_by_type.items())),
             "duration_s": round(self.duration_s, 3),
@@ -176,6 +178,7 @@ class ExpiryResult:
         self.scanned = counters["scanned"]
         self.expired = counters["changed"]
         self.unchanged = counters["unchanged"]
+        self.conflicts = counters["conflicts"]
         self.failed = counters["failed"]
         self.failed_by_type = Counter({k: n for k, n in counters["failed_by_type"].items() if n})
         self.batches = counters["pages"]

@@ -42,40 +42,48 @@ SELECT id, expiry_date
 """
 )
 
-# EXPIRE_BATCH — a whole batch in one statement: mark EXPIRED every subscription still in the
-# expected state and past its expiry, and delete exactly those subscriptions' enrollments. Run
-# in one short transaction, so each subscription is still all-or-nothing; if the statement fails
-# (one bad row), the engine redoes the batch one subscription per transaction (EXPIRE_ONE).
-#   :ids          bigint[] subscription ids of the batch
-#   :from_status  text     ACTIVE (nightly) or FAILED (retry)
-#   :run_date     date     the run date
-# Returns one row: (subscriptions expired, enrollments deleted).
+# EXPIRE_BATCH — a whole batch in one statement: mark EXPIRED every subscription that still holds
+# what was read (the selected status and the same expiry_date, CONTRACT §3) and is past its expiry,
+# and delete exactly those subscriptions' enrollments. A subscription another writer changed since
+# the read (renewed, closed, moved) is not touched: it is counted as a conflict and the next run
+# selects it again if it is still due. Run in one short transaction, so each subscription is still
+# all-or-nothing; if the statement fails (one bad row), the engine redoes the batch one subscription
+# per transaction (EXPIRE_ONE).
+#   :ids           bigint[] subscription ids of the batch
+#   :expiry_dates  date[]   their expiry_date as read
+#   :from_status   text     ACTIVE (nightly) or FAILED (retry)
+#   :run_date      date     the run date
+# Returns one row: (subscriptions expired, enrollments deleted, subscriptions changed since the read).
 EXPIRE_BATCH = sa.text(
     """
 WITH expired AS (
-    UPDATE subscriptions
+    UPDATE subscriptions AS s
        SET status = 'EXPIRED', last_error = NULL
-     WHERE id = ANY(CAST(:ids AS bigint[])) AND status = :from_status AND expiry_date < :run_date
-    RETURNING id
+      FROM unnest(CAST(:ids AS bigint[]), CAST(:expiry_dates AS date[])) AS v(id, expiry_date)
+     WHERE s.id = v.id AND s.status = :from_status AND s.expiry_date = v.expiry_date
+       AND s.expiry_date < :run_date
+    RETURNING s.id
 ), deleted AS (
     DELETE FROM enrollments WHERE subscription_id IN (SELECT id FROM expired)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM deleted)
+SELECT (SELECT count(*) FROM expired), (SELECT count(*) FROM deleted),
+       cardinality(CAST(:ids AS bigint[])) - (SELECT count(*) FROM expired)
 """
 )
 
-# EXPIRE_ONE — mark one subscription EXPIRED if it is still in the expected state and past its expiry;
-# followed by DELETE_ENROLLMENTS in the same transaction.
+# EXPIRE_ONE — mark one subscription EXPIRED if it still holds what was read (status, expiry_date)
+# and is past its expiry; followed by DELETE_ENROLLMENTS in the same transaction.
 #   :id           bigint  subscription id
+#   :expiry_date  date    its expiry_date as read
 #   :from_status  text    ACTIVE (nightly) or FAILED (retry)
 #   :run_date     date    the run date
-# Returns the id when the row was changed; nothing when another writer changed it meanwhile.
+# Returns the id when the row was changed; nothing when another writer changed it meanwhile (a conflict).
 EXPIRE_ONE = sa.text(
     """
 UPDATE subscriptions
    SET status = 'EXPIRED', last_error = NULL
- WHERE id = :id AND status = :from_status AND expiry_date < :run_date
+ WHERE id = :id AND status = :from_status AND expiry_date = :expiry_date AND expiry_date < :run_date
 RETURNING id
 """
 )
@@ -85,8 +93,11 @@ RETURNING id
 DELETE_ENROLLMENTS = sa.text("DELETE FROM enrollments WHERE subscription_id = :id")
 
 # MARK_FAILED — record a failed expiry: FAILED, retry_count + 1, last_error (a transaction of its own,
-# after the failed one rolled back; FAILED rows leave the nightly selection).
+# after the failed one rolled back; FAILED rows leave the nightly selection). Only if the row still
+# holds what was read: a subscription renewed meanwhile is not marked FAILED for an expiry it no
+# longer needs.
 #   :id           bigint  subscription id
+#   :expiry_date  date    its expiry_date as read
 #   :from_status  text    the state the row was selected in (ACTIVE or FAILED)
 #   :error        text    one line, clipped
 # Returns the new retry_count (nothing when another writer changed the row meanwhile).
@@ -94,7 +105,7 @@ MARK_FAILED = sa.text(
     """
 UPDATE subscriptions
    SET status = 'FAILED', retry_count = retry_count + 1, last_error = :error
- WHERE id = :id AND status = :from_status
+ WHERE id = :id AND status = :from_status AND expiry_date = :expiry_date
 RETURNING retry_count
 """
 )

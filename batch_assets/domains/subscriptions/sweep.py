@@ -92,7 +92,7 @@ class ExpirySweep(SweepDefinition):
     # Computing -------------------------------------------------------------
 
     def compute(self, row: Any) -> RowOutcome:
-        return RowOutcome(row[0])
+        return RowOutcome((row[0], row[1]))  # (id, expiry_date as read): the write expires it only if unchanged
 
     # Writing ---------------------------------------------------------------
 
@@ -103,15 +103,18 @@ class ExpirySweep(SweepDefinition):
         return 0
 
     def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
-        params = {"ids": [o.change for o in changed], "from_status": self.from_status, "run_date": self.run_date}
-        expired, deleted = conn.execute(sql.EXPIRE_BATCH, params).one()
-        return WriteCounts(int(expired), extra={ENROLLMENTS_DELETED: int(deleted)})
+        params = {"ids": [o.change[0] for o in changed], "expiry_dates": [o.change[1] for o in changed],
+                  "from_status": self.from_status, "run_date": self.run_date}
+        expired, deleted, conflicts = conn.execute(sql.EXPIRE_BATCH, params).one()
+        return WriteCounts(int(expired), extra={ENROLLMENTS_DELETED: int(deleted)}, conflicts=int(conflicts))
 
     def write_row(self, conn: sa.Connection, outcome: RowOutcome) -> WriteCounts:
-        params = {"id": outcome.change, "from_status": self.from_status, "run_date": self.run_date}
+        subscription_id, expiry_date = outcome.change
+        params = {"id": subscription_id, "expiry_date": expiry_date, "from_status": self.from_status,
+                  "run_date": self.run_date}
         if conn.execute(sql.EXPIRE_ONE, params).first() is None:
-            return WriteCounts(0)  # changed by another writer since the read: left alone
-        deleted = conn.execute(sql.DELETE_ENROLLMENTS, {"id": outcome.change}).rowcount
+            return WriteCounts(0, conflicts=1)  # changed by another writer since the read: left to the next run
+        deleted = conn.execute(sql.DELETE_ENROLLMENTS, {"id": subscription_id}).rowcount
         return WriteCounts(1, extra={ENROLLMENTS_DELETED: max(deleted, 0)})
 
     def write_retryable(self, exc: BaseException) -> bool:
@@ -131,12 +134,13 @@ class ExpirySweep(SweepDefinition):
 
     def record_write_failure(self, conn: sa.Connection, outcome: RowOutcome, exc: BaseException) -> int | None:
         kind = self.write_failure_kind(exc)
-        log.warning("subscription %s: expiry failed (%s)", outcome.change, kind)
+        subscription_id, expiry_date = outcome.change
+        log.warning("subscription %s: expiry failed (%s)", subscription_id, kind)
         orig = getattr(exc, "orig", None) or exc
         text = f"{kind}: {first_line(str(orig)) or type(orig).__name__}"
         if len(text) > ERROR_MAX_CHARS:
             text = text[: ERROR_MAX_CHARS - 1] + "…"
-        params = {"id": outcome.change, "from_status": self.from_status, "error": text}
+        params = {"id": subscription_id, "expiry_date": expiry_date, "from_status": self.from_status, "error": text}
         retry_count: int | None = conn.execute(sql.MARK_FAILED, params).scalar()
         return retry_count
 
@@ -147,4 +151,4 @@ class ExpirySweep(SweepDefinition):
         with self._lock:
             self.exhausted += 1
             if len(self.exhausted_ids) < MAX_ALERT_IDS:
-                self.exhausted_ids.append(int(outcome.change))
+                self.exhausted_ids.append(int(outcome.change[0]))
