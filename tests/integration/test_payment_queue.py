@@ -260,7 +260,8 @@ def test_queue_stats_counts_by_status_and_stuck(engine: sa.Engine) -> None:
         )
     stats = queue.queue_stats(engine)
     assert stats["by_status"] == {"NEW": 2, "PROCESSING": 2, "DONE": 1, "FAILED": 0}
-    assert (stats["total"], stats["due"], stats["stuck_processing"]) == (5, 2, 1)
+    # due = the 2 NEW rows + the lapsed claim (CONTRACT §7's due rows); stuck = the lapsed claim.
+    assert (stats["total"], stats["due"], stats["stuck_processing"]) == (5, 3, 1)
 
 
 def test_claim_uses_both_partial_indexes(engine: sa.Engine) -> None:
@@ -358,10 +359,9 @@ def test_handler_exception_is_a_retry_not_a_stuck_row(engine: sa.Engine) -> None
 def test_reclaimed_past_max_attempts_is_failed_without_a_call(engine: sa.Engine) -> None:
     """A row whose lease lapsed repeatedly beyond max_attempts is FAILED without calling the handler again."""
     queue.enqueue(engine, 1, seed=14)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE payments SET attempts = 3, status = 'PROCESSING', claimed_until = now() - interval '1 s'")
-        )
+    for _ in range(3):  # three claims of ours, each lost with its worker
+        assert len(queue.claim(engine, 1, lease_s=60)) == 1
+        _expire_leases(engine)
     handler = ScriptedHandler(lambda c: Outcome.done())
     result = run_worker(engine, QueueSettings.build(max_attempts=3), handler=handler)
     assert handler.calls == []

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from batch_assets.domains.payments.errors import PermanentFailure
 from batch_assets.domains.payments.http11 import HttpError, PostClient
-from batch_assets.domains.payments.queue import Claim
+from batch_assets.domains.payments.queue import Claim, clip
 from batch_assets.errors import ConfigError
 
 PAYMENT_HANDLER_VAR = "BATCH_ASSETS_PAYMENT_HANDLER"
@@ -192,8 +192,9 @@ class PluginHandler:
 
 
 def _describe(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """`Type: message`, one line clipped to queue.ERROR_MAX_BYTES (a handler may raise any size of text)."""
+    text = clip(exc)
+    return clip(f"{type(exc).__name__}: {text}") if text else type(exc).__name__
 
 
 def load_plugin(spec: str, *, concurrency: int = 8) -> PluginHandler:

@@ -22,7 +22,14 @@ from batch_assets.knobs import build_settings, check_positive_fields
 log = logging.getLogger(__name__)
 
 STATUSES = ("NEW", "PROCESSING", "DONE", "FAILED")
-ERROR_MAX_CHARS = 500
+ERROR_MAX_BYTES = 500
+"""last_error as this product writes it: one line of at most this many UTF-8 bytes (`clip`). A result
+waiting in the worker's buffer holds its error already clipped, so the buffer is bounded in bytes too."""
+DLQ_ERROR_CHARS = 500
+"""`queue dlq list` reads last_error cut to this many characters: another service may have written any size."""
+MAX_AMOUNT_CENTS = 2**53 - 1
+"""The largest amount sent: a JSON number beyond 2^53 - 1 is not exact in many parsers (RFC 8259 §6), so
+the limits service could check another amount than the one stored."""
 _REPLAY_BATCH = 1000
 _NIL_UUID = uuid.UUID(int=0)
 
@@ -107,6 +114,15 @@ class Claim:
     amount_cents: int
     attempts: int
     token: uuid.UUID
+    # The row was PROCESSING under a claim of ours that lapsed (a worker died or hung mid-call), as
+    # opposed to NEW, or PROCESSING written by another service: only such a claim may have spent its
+    # attempts without an answer ("claim lapsed repeatedly" past max_attempts).
+    lapsed: bool = False
+
+
+def claims_from_rows(rows: Sequence[Any], token: uuid.UUID) -> list[Claim]:
+    """Claims from CLAIM / CLAIMED_BY_TOKEN rows (id, amount_cents, attempts, lapsed)."""
+    return [Claim(id=r[0], amount_cents=int(r[1]), attempts=int(r[2]), token=token, lapsed=bool(r[3])) for r in rows]
 
 
 class ReplayCount(int):
@@ -143,7 +159,7 @@ def claim(engine: sa.Engine, n: int, lease_s: float) -> list[Claim]:
     token = new_token()
     with engine.begin() as conn:
         rows = conn.exec_driver_sql(sql.CLAIM, {"n": int(n), "lease_s": float(lease_s), "token": token}).all()
-    return [Claim(id=r[0], amount_cents=int(r[1]), attempts=int(r[2]), token=token) for r in rows]
+    return claims_from_rows(rows, token)
 
 
 @dataclass(frozen=True)
@@ -189,7 +205,12 @@ def complete(engine: sa.Engine, claim: Claim) -> bool:
 
 
 def outcome_status(claim: Claim, settings: QueueSettings, permanent: bool) -> Result:
-    """FAILED when permanent or at max attempts, else NEW after the backoff of this attempt."""
+    """FAILED when permanent or at max attempts, else NEW after the backoff of this attempt.
+
+    A call that was made and failed always spends its attempt (CONTRACT §7 v3), whatever the breaker.
+    A row another service inserted NEW with attempts already at or past the maximum got one call by
+    then (a NEW row always does); if that fails transiently it is FAILED with the call's own error.
+    """
     if permanent or claim.attempts >= settings.max_attempts:
         return Result(claim, "FAILED")
     return Result(claim, "NEW", delay_s=settings.backoff_s(claim.attempts))
@@ -213,7 +234,8 @@ def release(engine: sa.Engine, claim: Claim, delay_s: float = 0.0) -> bool:
 def dlq_list(engine: sa.Engine, limit: int = 100, *, after_id: uuid.UUID | None = None) -> list[dict[str, Any]]:
     """FAILED payments in id order (at most `limit`, after `after_id`): id, amount_cents, attempts, last_error, …"""
     with engine.connect() as conn:
-        rows = conn.execute(sql.DLQ_LIST, {"after_id": after_id or _NIL_UUID, "limit": int(limit)}).mappings().all()
+        params = {"after_id": after_id or _NIL_UUID, "limit": int(limit), "error_chars": DLQ_ERROR_CHARS}
+        rows = conn.execute(sql.DLQ_LIST, params).mappings().all()
     return [dict(r) for r in rows]
 
 
@@ -254,7 +276,13 @@ def dlq_replay(engine: sa.Engine, ids: Sequence[uuid.UUID | str] | None) -> int:
 
 
 def queue_stats(engine: sa.Engine) -> dict[str, Any]:
-    """`queue stats` (CONTRACT §7): counts by status, oldest_due_s, dlq_size, breaker; plus due and stuck rows."""
+    """`queue stats` (CONTRACT §7): counts by status, oldest_due_s, dlq_size, breaker; plus due and stuck rows.
+
+    `due` = NEW and due + lapsed claims (§7's "due rows"); `stuck_processing` = the lapsed claims alone,
+    a PROCESSING row without a lease included (§3 v3). A status another service wrote that is none of
+    §3's four (`'new'`, `'PENDING'`, ...) is never claimed: it is counted under its own name in
+    `by_status` and in `unknown_status`, so it is never lost without a trace.
+    """
     by_status = dict.fromkeys(STATUSES, 0)
     due = stuck = 0
     with engine.connect() as conn:
@@ -267,8 +295,9 @@ def queue_stats(engine: sa.Engine) -> dict[str, Any]:
     return {
         "by_status": by_status,
         "total": sum(by_status.values()),
-        "due": due,
+        "due": due + stuck,
         "stuck_processing": stuck,
+        "unknown_status": sum(n for status, n in by_status.items() if status not in STATUSES),
         "oldest_due_s": round(max(oldest_due_s, 0.0), 3),
         "dlq_size": by_status["FAILED"],
         "breaker": state["breaker"] if state else "closed",
@@ -286,7 +315,13 @@ def _as_uuid(value: uuid.UUID | str) -> uuid.UUID:
         raise ConfigError(f"not a payment id: {value!r}", field="ids") from None
 
 
-def clip(error: str) -> str:
-    """One line, at most ERROR_MAX_CHARS characters (last_error)."""
-    text = " ".join(str(error).split())
-    return text if len(text) <= ERROR_MAX_CHARS else text[: ERROR_MAX_CHARS - 1] + "…"
+def clip(error: object) -> str:
+    """One line of at most ERROR_MAX_BYTES UTF-8 bytes (last_error); a longer text ends with '…'.
+
+    Only the first 4 x ERROR_MAX_BYTES characters are looked at, so a huge text costs no more.
+    """
+    text = " ".join(str(error)[: 4 * ERROR_MAX_BYTES].split())
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= ERROR_MAX_BYTES:
+        return text
+    return raw[: ERROR_MAX_BYTES - 3].decode("utf-8", "ignore") + "…"

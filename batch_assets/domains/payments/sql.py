@@ -18,24 +18,25 @@ import sqlalchemy as sa
 #   %(n)s        int    batch size (also the limit of each branch)
 #   %(lease_s)s  float  claim lease in seconds (claimed_until = now() + lease)
 #   %(token)s    uuid   the claim token written to every claimed row (fencing)
-# Returns id, amount_cents, attempts (after the increment).
-# Two branches, one per partial index: NEW rows that are due, in claim-rank order
-# (payments_claim_rank_idx: higher priority first, one level gained per minute due), and
-# PROCESSING rows whose lease passed (payments_processing_idx). Each branch locks with SKIP
-# LOCKED, so concurrent claimers never get the same row and never wait; the union is cut to
-# %(n)s. Rows locked by a branch but cut by the outer LIMIT are unlocked at commit.
-# `id = ANY(ARRAY(...))` makes the update a primary-key lookup per claimed row; `id IN (...)`
+# Returns id, amount_cents, attempts (after the increment), lapsed (the row was PROCESSING under a
+# claim of ours, i.e. with a claim token: its earlier attempt's claim lapsed). Only fixed-size
+# columns: last_error (text, unbounded when another service writes it) is never read here.
+# Three branches, each on a partial index: NEW rows that are due, in claim-rank order
+# (payments_claim_rank_idx: higher priority first, one level gained per minute due); PROCESSING
+# rows whose lease passed (payments_processing_idx); PROCESSING rows with no lease at all
+# (claimed_until NULL, written by another service: a lapsed claim, CONTRACT §3 v3; the same index,
+# `IS NULL` is an index condition). Each branch locks with SKIP LOCKED, so concurrent claimers never
+# get the same row and never wait; the union is cut to %(n)s. Rows locked by a branch but cut by the
+# outer LIMIT are unlocked at commit.
+# attempts: a negative count is taken as 0 and the count stops short of the int maximum, so no row
+# another service wrote can make the statement fail for the whole batch (CONTRACT §3).
+# `id = ANY(ARRAY(...))` makes the update a primary-key lookup per claimed row; a join alone
 # lets the planner hash-join against a scan of the whole table.
 CLAIM = """
-UPDATE payments AS p
-   SET status        = 'PROCESSING',
-       attempts      = p.attempts + 1,
-       claimed_until = now() + make_interval(secs => %(lease_s)s),
-       claim_token   = %(token)s
- WHERE p.id = ANY(ARRAY(
-       SELECT due.id
+WITH due AS MATERIALIZED (
+       SELECT c.id, c.lapsed
          FROM (
-               SELECT fresh.id, fresh.rank
+               SELECT fresh.id, fresh.rank, false AS lapsed
                  FROM (SELECT id, payment_claim_rank(next_attempt_at, priority) AS rank
                          FROM payments
                         WHERE status = 'NEW' AND next_attempt_at <= now()
@@ -43,25 +44,40 @@ UPDATE payments AS p
                         LIMIT %(n)s
                           FOR UPDATE SKIP LOCKED) AS fresh
                UNION ALL
-               SELECT stale.id, stale.rank
-                 FROM (SELECT id, claimed_until AS rank
+               SELECT stale.id, stale.rank, stale.lapsed
+                 FROM (SELECT id, claimed_until AS rank, claim_token IS NOT NULL AS lapsed
                          FROM payments
                         WHERE status = 'PROCESSING' AND claimed_until < now()
                         ORDER BY claimed_until
                         LIMIT %(n)s
                           FOR UPDATE SKIP LOCKED) AS stale
-              ) AS due
-        ORDER BY due.rank
-        LIMIT %(n)s))
-RETURNING p.id, p.amount_cents, p.attempts
+               UNION ALL
+               SELECT orphan.id, '-infinity'::timestamptz, orphan.lapsed
+                 FROM (SELECT id, claim_token IS NOT NULL AS lapsed
+                         FROM payments
+                        WHERE status = 'PROCESSING' AND claimed_until IS NULL
+                        LIMIT %(n)s
+                          FOR UPDATE SKIP LOCKED) AS orphan
+              ) AS c
+        ORDER BY c.rank
+        LIMIT %(n)s)
+UPDATE payments AS p
+   SET status        = 'PROCESSING',
+       attempts      = least(greatest(p.attempts, 0), 2147483646) + 1,
+       claimed_until = now() + make_interval(secs => %(lease_s)s),
+       claim_token   = %(token)s
+  FROM due
+ WHERE p.id = ANY(ARRAY(SELECT id FROM due)) AND p.id = due.id
+RETURNING p.id, p.amount_cents, p.attempts, due.lapsed
 """
 
 # CLAIMED_BY_TOKEN — rows a claim statement took whose answer never arrived (the connection died).
 #   %(token)s  uuid  the claim token of that statement
-# Returns id, amount_cents, attempts, as CLAIM does. Only PROCESSING rows (payments_processing_idx):
-# a row that already left PROCESSING, or was claimed again under another token, is not ours.
+# Returns id, amount_cents, attempts, lapsed as CLAIM does (lapsed is unknown by then: false, so such a
+# row gets its call). Only PROCESSING rows (payments_processing_idx): a row that already left
+# PROCESSING, or was claimed again under another token, is not ours.
 CLAIMED_BY_TOKEN = """
-SELECT id, amount_cents, attempts
+SELECT id, amount_cents, attempts, false
   FROM payments
  WHERE status = 'PROCESSING' AND claim_token = %(token)s
 """
@@ -95,11 +111,14 @@ RETURNING r.ord
 """
 
 # NEXT_DUE_IN — seconds until the earliest NEW row is due or the earliest claim lapses
-# (negative: already due; NULL: nothing queued). Both are a min over a partial index.
+# (negative: already due; 0: a PROCESSING row without a lease, due now; NULL: nothing queued).
+# Each term is a min or an existence test over a partial index.
 NEXT_DUE_IN = """
 SELECT extract(epoch FROM least(
            (SELECT min(next_attempt_at) FROM payments WHERE status = 'NEW'),
-           (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING')) - now())::float8
+           (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING'),
+           (SELECT now() WHERE EXISTS (SELECT FROM payments WHERE status = 'PROCESSING' AND claimed_until IS NULL))
+       ) - now())::float8
 """
 
 # RECORD_STATE — record this worker's view of the outage breaker for `queue stats` and Dagster.
@@ -127,10 +146,13 @@ QUEUE_STATE = (
 )
 
 # OLDEST_DUE_S — age in seconds of the oldest due payment (NEW and due, or a lapsed claim); 0 when none.
+# A PROCESSING row without a lease (claimed_until NULL) counts as due since its next_attempt_at.
 OLDEST_DUE_S = """
 SELECT coalesce(extract(epoch FROM now() - least(
            (SELECT min(next_attempt_at) FROM payments WHERE status = 'NEW' AND next_attempt_at <= now()),
-           (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()))), 0)::float8
+           (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()),
+           (SELECT min(next_attempt_at) FROM payments WHERE status = 'PROCESSING' AND claimed_until IS NULL))),
+       0)::float8
 """
 
 # LISTEN_DUE — the channel the payments_notify_due triggers notify (migration 0002).
@@ -138,11 +160,13 @@ DUE_CHANNEL = "batch_assets_payments_due"
 LISTEN_DUE = "LISTEN batch_assets_payments_due"
 
 # DLQ_LIST — FAILED payments in id order (payments_failed_idx), keyset after :after_id.
-#   :after_id  uuid  exclusive lower bound; the nil uuid for the first page
-#   :limit     int   page size
+#   :after_id    uuid  exclusive lower bound; the nil uuid for the first page
+#   :limit       int   page size
+#   :error_chars int   last_error is read cut to this many characters (another service may have
+#                      written any size there): a page is bounded in bytes as well as rows
 DLQ_LIST = sa.text(
     """
-SELECT id, amount_cents, attempts, last_error, created_at, processed_at
+SELECT id, amount_cents, attempts, left(last_error, :error_chars) AS last_error, created_at, processed_at
   FROM payments
  WHERE status = 'FAILED' AND id > :after_id
  ORDER BY id
@@ -182,13 +206,14 @@ RETURNING id
 #   :ids  uuid[]  payment ids
 STATUS_OF = sa.text("SELECT id, status FROM payments WHERE id = ANY(:ids)")
 
-# STATS — counts by status, due NEW rows and PROCESSING rows whose claim lease passed.
+# STATS — counts by status (any status another service wrote, by its own name), due NEW rows and
+# PROCESSING rows whose claim lapsed: lease passed, or no lease at all (claimed_until NULL, §3 v3).
 STATS = sa.text(
     """
 SELECT status,
        count(*) AS n,
        count(*) FILTER (WHERE status = 'NEW' AND next_attempt_at <= now()) AS due,
-       count(*) FILTER (WHERE status = 'PROCESSING' AND claimed_until < now()) AS stuck
+       count(*) FILTER (WHERE status = 'PROCESSING' AND (claimed_until < now() OR claimed_until IS NULL)) AS stuck
   FROM payments
  GROUP BY status
 """
@@ -197,9 +222,11 @@ SELECT status,
 # COPY_PAYMENTS — bulk insert of new payments (psycopg COPY); other columns take their defaults.
 COPY_PAYMENTS = "COPY payments (id, amount_cents, priority) FROM STDIN"
 
-# STUCK_PAYMENTS_SQL — PROCESSING payments past their claim lease, and the oldest lease (asset check).
+# STUCK_PAYMENTS_SQL — PROCESSING payments past their claim lease or without one (claimed_until NULL),
+# and the oldest lease (asset check).
 STUCK_PAYMENTS_SQL = sa.text(
-    "SELECT count(*), min(claimed_until)::text FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()"
+    "SELECT count(*), min(claimed_until)::text FROM payments"
+    " WHERE status = 'PROCESSING' AND (claimed_until < now() OR claimed_until IS NULL)"
 )
 
 # PAYMENTS_BY_STATUS — rows of payments by status (run metadata). No parameters.

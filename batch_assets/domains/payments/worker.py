@@ -35,6 +35,7 @@ claimed again after its lease and processed again; the Idempotency-Key makes tha
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -170,7 +171,9 @@ class Breaker:
     Open: no call is made and claimed rows go back without spending an attempt. After the
     cool-down it is half-open and lets one probe through: an answer closes it, a transient
     failure opens it again with the cool-down doubled (up to `max_cooldown_s`). Distinct
-    payments, so one payment that keeps failing on its own reaches the DLQ as usual.
+    payments, so one payment that keeps failing on its own does not open it. Every call that was
+    made and failed (one that opened it, one in flight when it opened, a probe) spends its attempt
+    and is backed off (`_Worker._settle`), so such a payment reaches the DLQ as usual.
     """
 
     def __init__(
@@ -590,7 +593,7 @@ class _Worker:
             self.recorded_changes = state_changes
         if sent:
             self._tally(sent, written)
-        return [Claim(id=r[0], amount_cents=int(r[1]), attempts=int(r[2]), token=token) for r in rows]  # type: ignore[arg-type]
+        return queue.claims_from_rows(rows, token)  # type: ignore[arg-type]
 
     def _tally(self, sent: list[tuple[Result, str | None]], written: Iterable[Any]) -> None:
         result = self.result
@@ -650,6 +653,11 @@ class _Worker:
             if self.halting:
                 self._give_back(claim, 0.0)
                 continue
+            refusal = self._refusal(claim)
+            if refusal is not None:
+                # No call: nothing the service said, so the breaker neither counts nor resets on it.
+                self._add(Result(claim, "FAILED", error=refusal.error), refusal.error_type)
+                continue
             if not self.breaker.allow_call():
                 self._give_back(claim, self.breaker.remaining_s())
                 continue
@@ -683,14 +691,29 @@ class _Worker:
         if self.pending.qsize() <= self.batch.size // 2:
             self.kick.set()  # room for the next claim
 
-    async def _call(self, claim: Claim) -> Outcome:
+    def _refusal(self, claim: Claim) -> Outcome | None:
+        """A claimed row that is FAILED without a call (its own data), or None: it gets its call.
+
+        - `max_attempts_exceeded`: only a claim of ours that lapsed (`Claim.lapsed`: a worker died or
+          hung mid-call) past max_attempts. A NEW row, or a PROCESSING row another service wrote,
+          always gets its call whatever its attempts (see `queue.outcome_status`).
+        - `invalid_amount`: amount_cents outside 1..MAX_AMOUNT_CENTS (zero, negative, or too large to
+          be exact in JSON): not a payment the limits service can be asked about.
+        """
         settings = self.settings
-        if claim.attempts > settings.max_attempts:
-            # Only reachable through lapsed leases (a worker died mid-call): stop calling for it.
+        if claim.lapsed and claim.attempts > settings.max_attempts:
             return Outcome.permanent(
                 "max_attempts_exceeded",
                 f"claim lapsed repeatedly; attempt {claim.attempts} > max {settings.max_attempts}",
             )
+        if not 1 <= claim.amount_cents <= queue.MAX_AMOUNT_CENTS:
+            return Outcome.permanent(
+                "invalid_amount", f"amount_cents {claim.amount_cents} outside 1..{queue.MAX_AMOUNT_CENTS}"
+            )
+        return None
+
+    async def _call(self, claim: Claim) -> Outcome:
+        settings = self.settings
         try:
             # One second over the handler's own timeout: a plug-in that hangs must not hold its lane.
             async with asyncio.timeout(settings.http_timeout_s + 1):
@@ -703,29 +726,36 @@ class _Worker:
             return Outcome.retry("handler_error", f"handler raised {type(exc).__name__}")
 
     def _settle(self, claim: Claim, outcome: Outcome) -> None:
+        """The result of a call that was made (CONTRACT §7 v3).
+
+        A transient failure always spends its attempt and is backed off (FAILED at max attempts),
+        whatever the breaker: only claims whose call was not made are given back (`_give_back`). So
+        a payment that always fails on its own reaches FAILED after max_attempts calls, outage or
+        not; an outage costs each payment the one call it got before the breaker opened (or as its
+        probe), since an open breaker makes no call. While the breaker is open the backoff is at
+        least the rest of the cool-down.
+        """
         if outcome.kind is OutcomeKind.DONE:
             self.breaker.on_answer()
             self._add(Result(claim, "DONE"), None)
         elif outcome.kind is OutcomeKind.PERMANENT:
-            if outcome.error_type != "max_attempts_exceeded":
-                self.breaker.on_answer()
+            self.breaker.on_answer()
             self._add(Result(claim, "FAILED", error=outcome.error or ""), outcome.error_type or "unknown")
         else:
             self.breaker.on_transient(claim.id)
-            if self.breaker.state != CLOSED:
-                # An outage: the call is given back, so an outage costs each payment at most the
-                # one attempt that helped open the breaker, and never moves one to FAILED.
-                self._add(Result(claim, "NEW", undo=1, delay_s=self.breaker.remaining_s(),
-                                 error=outcome.error), None)
-                return
             planned = queue.outcome_status(claim, self.settings, permanent=False)
-            self._add(Result(claim, planned.status, delay_s=planned.delay_s, error=outcome.error or ""),
+            delay_s = max(planned.delay_s, self.breaker.remaining_s())
+            self._add(Result(claim, planned.status, delay_s=delay_s, error=outcome.error or ""),
                       outcome.error_type or "unknown")
 
     def _give_back(self, claim: Claim, delay_s: float) -> None:
         self._add(Result(claim, "NEW", undo=1, delay_s=delay_s), None)
 
     def _add(self, result: Result, error_type: str | None) -> None:
+        if result.error is not None:
+            # Clipped before it waits in the buffer: a handler's huge error text must not pile up
+            # max_batch_size times in memory (the buffer is bounded in bytes as well as rows).
+            result = dataclasses.replace(result, error=queue.clip(result.error))
         if not self.results:
             self.first_result_at = self.loop.time()
         self.results.append((result, error_type))
@@ -844,7 +874,7 @@ class _Worker:
             cur = await self.conn.execute(sql.CLAIMED_BY_TOKEN, {"token": token}, binary=True)
             rows = await cur.fetchall()
             self.unseen_claims.pop(0)
-            claims = [Claim(id=r[0], amount_cents=int(r[1]), attempts=int(r[2]), token=token) for r in rows]
+            claims = queue.claims_from_rows(rows, token)
             if not claims:
                 continue
             log.info("payment worker: took up %d payment(s) claimed before the connection was lost", len(claims))
