@@ -83,9 +83,14 @@ class DobCipher:
     def __repr__(self) -> str:  # never show the key
         return "DobCipher(<key hidden>)"
 
-    def encrypt_text(self, customer_id: uuid.UUID, text: str, nonce: bytes | None = None) -> bytes:
+    def encrypt(self, customer_id: uuid.UUID, plain: bytes, nonce: bytes | None = None) -> bytes:
+        """nonce ‖ AES-256-GCM(plain) with the id as associated data, whatever `plain` holds (tests of
+        hostile rows write plaintexts other services might)."""
         nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
-        return nonce + self._aead.encrypt(nonce, text.encode("ascii"), customer_id.bytes)
+        return nonce + self._aead.encrypt(nonce, plain, customer_id.bytes)
+
+    def encrypt_text(self, customer_id: uuid.UUID, text: str, nonce: bytes | None = None) -> bytes:
+        return self.encrypt(customer_id, text.encode("ascii"), nonce)
 
     def decrypt(self, customer_id: uuid.UUID, blob: bytes) -> bytes:
         """The plaintext bytes, whatever they hold; raises `DecryptError` (without any secret in it) when the

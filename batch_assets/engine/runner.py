@@ -441,6 +441,7 @@ class _Run:
             decrypted=c["decrypted"],
             triggers=c["triggers"],
             audit_events=c["audit_events"],
+            conflicts=c["conflicts"],
             resumed_from=resumed_from if resumed_from == FINISHED else shown(resumed_from),
             duration_s=seconds,
             stopped_reason=reason,

@@ -1,0 +1,133 @@
+"""Hostile date-of-birth values (CONTRACT §4, §5): the strict parse, the decrypt and the sweep's outcome of each."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import date
+
+import pytest
+
+from batch_assets.crypto import DobCipher
+from batch_assets.domains.customer_status.rules import DEFAULT_RULES, parse_dob
+from batch_assets.domains.customer_status.sweep import MAX_VALUE_BYTES, CustomerStatusSweep
+from batch_assets.errors import ConfigError, DecryptError
+
+pytestmark = pytest.mark.unit
+
+RUN_DATE = date(2025, 6, 1)
+SETTLED = date(2031, 1, 5)
+"""A stored next_review_date after the run date: a failed row must not keep it."""
+
+NOT_A_DOB = [
+    " 990-01-01",  # int() strips spaces
+    "1_90-01-01",  # int() takes underscores
+    "+990-01-01",  # int() takes a sign
+    "-990-01-01",
+    "١٩٩٠-٠١-٠١",  # Arabic-Indic digits: int() takes every Unicode digit
+    "１９９０-０１-０１",  # fullwidth digits
+    "1990-01-01\n",  # a trailing newline
+    "1990-01-01 ",
+    "1990-1-01",
+    "19900-01-01",  # 11 characters
+    "1990/01/01",
+    "0000-01-01",  # year 0 does not exist
+    "2023-02-29",  # 29 February of a common year
+    "1990-13-01",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", NOT_A_DOB)
+def test_parse_refuses_anything_but_ascii_yyyy_mm_dd(text: str) -> None:
+    """parse_dob accepts exactly YYYY-MM-DD in ASCII digits of a real date; everything else is a ValueError."""
+    with pytest.raises(ValueError):
+        parse_dob(text)
+
+
+def test_parse_accepts_real_dates() -> None:
+    """Real dates, 29 February of a leap year and year 0001 included, parse to themselves."""
+    assert parse_dob("1990-01-01") == date(1990, 1, 1)
+    assert parse_dob("2024-02-29") == date(2024, 2, 29)
+    assert parse_dob("0001-01-01") == date(1, 1, 1)
+
+
+def test_non_ascii_plaintext_decrypts_and_is_not_a_decrypt_failure(cipher: DobCipher) -> None:
+    """A ciphertext that authenticates decrypts whatever its plaintext holds; only bad ciphertexts raise."""
+    cid = uuid.uuid4()
+    blob = cipher.encrypt(cid, "١٩٩٠-٠١-٠١".encode())
+    assert cipher.decrypt(cid, blob) == "١٩٩٠-٠١-٠١".encode()
+    assert cipher.decrypt_text(cid, blob) == "١٩٩٠-٠١-٠١"
+    latin1 = cipher.encrypt(cid, b"\xff\xfe")
+    assert cipher.decrypt_text(cid, latin1) == "\ufffd\ufffd"
+
+
+@pytest.mark.parametrize("blob", [b"", b"\x00" * 27, os.urandom(38), os.urandom(200)])
+def test_short_or_garbage_ciphertext_is_a_decrypt_error(cipher: DobCipher, blob: bytes) -> None:
+    """Empty, too short or random bytes do not authenticate: DecryptError, never a plaintext."""
+    with pytest.raises(DecryptError):
+        cipher.decrypt(uuid.uuid4(), blob)
+
+
+def _sweep(cipher: DobCipher) -> CustomerStatusSweep:
+    return CustomerStatusSweep("full", cipher=cipher, run_date=RUN_DATE, rules=DEFAULT_RULES)
+
+
+def _row(cid: uuid.UUID, blob: bytes | None, size: int | None = None) -> tuple:
+    """A row as the sweep reads it, stored ADULT with a future date: (id, dob, category, date, failure, bytes)."""
+    return (cid, blob, "ADULT", SETTLED, None, len(blob) if size is None and blob is not None else size)
+
+
+def _assert_failed_and_due(outcome, kind: str) -> None:
+    assert outcome.failure == kind
+    _, _, _, old_category, old_date, _, new_category, new_date, failure, trigger = outcome.change
+    assert (old_category, old_date) == ("ADULT", SETTLED)
+    assert (new_category, new_date, failure, trigger) == ("ADULT", None, kind, None)  # category kept, made due
+
+
+@pytest.mark.parametrize("text", [t for t in NOT_A_DOB if t] + ["2025-06-02", "9999-12-31"])
+def test_every_hostile_plaintext_is_invalid_value_and_left_due(cipher: DobCipher, text: str) -> None:
+    """A ciphertext of anything but a real date on or before the run date is invalid_value; the row is made due."""
+    cid = uuid.uuid4()
+    outcome = _sweep(cipher).compute(_row(cid, cipher.encrypt(cid, text.encode())))
+    _assert_failed_and_due(outcome, "invalid_value")
+    assert outcome.decrypted == 1
+
+
+def test_non_utf8_plaintext_is_invalid_value(cipher: DobCipher) -> None:
+    """Plaintext bytes that are not even text are invalid_value (they decrypted: the key is fine)."""
+    cid = uuid.uuid4()
+    _assert_failed_and_due(_sweep(cipher).compute(_row(cid, cipher.encrypt(cid, b"\xff" * 10))), "invalid_value")
+
+
+def test_empty_ciphertext_is_missing_data_without_a_decrypt(cipher: DobCipher) -> None:
+    """b'' is "unknown" (missing_data), not a key problem: no decrypt, and it does not feed the breaker."""
+    outcome = _sweep(cipher).compute(_row(uuid.uuid4(), b""))
+    _assert_failed_and_due(outcome, "missing_data")
+    assert outcome.decrypted == 0
+
+
+def test_value_longer_than_the_bound_is_invalid_value_without_a_decrypt(cipher: DobCipher) -> None:
+    """A value the read did not return (longer than max_value_bytes: NULL and its length) is invalid_value."""
+    outcome = _sweep(cipher).compute(_row(uuid.uuid4(), None, size=2_000_000))
+    _assert_failed_and_due(outcome, "invalid_value")
+    assert outcome.decrypted == 0
+    assert MAX_VALUE_BYTES == 1024
+
+
+@pytest.mark.parametrize("kind", ["copied", "random", "short"])
+def test_decrypt_failure_is_left_due_too(cipher: DobCipher, kind: str) -> None:
+    """A ciphertext of another row, random bytes or a cut one is decrypt_failure, and the row is made due."""
+    cid = uuid.uuid4()
+    other = cipher.encrypt_text(uuid.uuid4(), "1990-01-01")
+    blob = {"copied": other, "random": os.urandom(38), "short": other[:20]}[kind]
+    _assert_failed_and_due(_sweep(cipher).compute(_row(cid, blob)), "decrypt_failure")
+
+
+def test_max_value_bytes_is_bounded() -> None:
+    """The byte bound is a setting with limits: never below a valid ciphertext (38 bytes), at most 1 MiB."""
+    cipher = DobCipher(os.urandom(32))
+    with pytest.raises(ConfigError, match="max_value_bytes"):
+        CustomerStatusSweep("full", cipher=cipher, run_date=RUN_DATE, rules=DEFAULT_RULES, max_value_bytes=37)
+    with pytest.raises(ConfigError, match="max_value_bytes"):
+        CustomerStatusSweep("full", cipher=cipher, run_date=RUN_DATE, rules=DEFAULT_RULES, max_value_bytes=2**21)
