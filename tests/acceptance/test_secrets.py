@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 import warnings
 from datetime import timedelta
@@ -105,3 +106,44 @@ def test_no_secret_in_stdout_stderr_or_the_dagster_event_log(cli_env, db_url, en
             assert not any(v in text for v in values), f"{name} appears in {where}"
         leaked = sorted(d for d in dobs if d in text)
         assert not leaked, f"{len(leaked)} decrypted dates of birth appear in {where}, e.g. {leaked[:3]}"
+
+
+def test_a_resumed_delta_shows_no_next_review_date(cli_env, engine):
+    """A delta resumed after a checkpoint [next_review_date, id] (written by another connection) names only the
+    id: no customer's next_review_date in stdout/stderr, the Dagster event log or ba_run_history."""
+    from batch_assets.domains.customer_status.job import checkpoint_fingerprint
+    from batch_assets.domains.customer_status.rules_store import current_rules
+
+    env = dict(cli_env, BATCH_ASSETS_RUN_DATE_WINDOW_DAYS="36500")
+    seed = run_cli(env, "seed", "customers", "--rows", "600", "--seed", "53")
+    assert seed.returncode == 0, seed.describe()
+    first = summary_run_date(seed.summary)
+    settle = run_cli(env, "sweep", "customer-status", "--mode", "full", "--run-date", first.isoformat())
+    assert settle.returncode == 0, settle.describe()
+    run_date = first + timedelta(days=20 * 365)  # many rows are due again by then, at their stored date
+    harmless = {(d + timedelta(days=k)).isoformat() for d in (first, run_date, today_utc()) for k in (-1, 0, 1)}
+    dates = {r.d.isoformat() for r in rows(engine, "SELECT DISTINCT next_review_date AS d FROM customers "
+                                                   "WHERE next_review_date IS NOT NULL")} - harmless
+    due = rows(engine, "SELECT next_review_date, id FROM customers WHERE status = 'ACTIVE' "
+                       "AND next_review_date <= :d ORDER BY next_review_date, id", d=run_date)
+    assert len(due) > 100 and due[40].next_review_date.isoformat() in dates
+    after = [due[40].next_review_date.isoformat(), str(due[40].id)]
+    with engine.begin() as conn:
+        _, rules = current_rules(conn)
+        conn.execute(sa.text(
+            "INSERT INTO ba_checkpoints (sweep, mode, range_key, cursor, rules_fingerprint, status) "
+            "VALUES ('customer_status', 'delta', 'all', CAST(:cursor AS jsonb), :fp, 'RUNNING')"
+        ), {"cursor": json.dumps(after), "fp": checkpoint_fingerprint(rules, run_date)})
+
+    result = run_cli(env, "sweep", "customer-status", "--mode", "delta", "--run-date", run_date.isoformat(),
+                     "--page-size", "50")
+    assert result.returncode == 0, result.describe()
+    assert result.summary["resumed_from"] == {"after_id": after[1]}, result.summary
+    assert 0 < result.summary["scanned"] < len(due)
+    _, events = dagster_event_text(Path(cli_env["BATCH_ASSETS_HOME"]))
+    history = "\n".join(json.dumps(r.summary) for r in rows(engine, "SELECT summary FROM ba_run_history"))
+    assert "after_id" in events and "after_id" in history
+    for where, text in (("stdout/stderr", result.stdout + result.stderr), ("the Dagster event log", events),
+                        ("ba_run_history", history)):
+        leaked = sorted(d for d in dates if d in text)
+        assert not leaked, f"{len(leaked)} next_review_date values appear in {where}, e.g. {leaked[:3]}"
