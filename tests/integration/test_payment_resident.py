@@ -27,7 +27,7 @@ from helpers import LimitsStub, kill_session, wait_for
 
 from batch_assets.db.engine import is_transient
 from batch_assets.domains.payments import queue, sql
-from batch_assets.domains.payments.handler import PluginHandler, load_plugin
+from batch_assets.domains.payments.handler import HttpLimitsHandler, PluginHandler, load_plugin
 from batch_assets.domains.payments.queue import QueueSettings
 from batch_assets.domains.payments.worker import CLOSED, HALF_OPEN, OPEN, AdaptiveBatch, Breaker, run_worker
 from batch_assets.errors import ConfigError
@@ -492,11 +492,56 @@ def test_breaker_an_8_second_outage_fails_nothing_and_costs_at_most_one_attempt(
     finally:
         worker.kill_group()
     with engine.connect() as conn:
-        max_attempts = conn.execute(sa.text("SELECT max(attempts) FROM payments")).scalar_one()
-    assert max_attempts <= 2
+        rows = conn.execute(sa.text("SELECT id, attempts FROM payments")).all()
+    assert max(r.attempts for r in rows) <= 2
+    # Every call that was made spent its attempt; claims never called while it was open spent none.
+    assert all(stub.count(r.id) == r.attempts for r in rows), [(r.attempts, stub.count(r.id)) for r in rows]
     assert summary["failed"] == 0 and summary["breaker_opened"] >= 1, summary
     assert summary["released"] > 0  # claims given back unspent while it was open
     assert sum(stub.posts.values()) > 40  # the outage really happened
+
+
+def test_poison_payments_reach_failed_after_max_attempts_while_good_ones_go_done(
+    engine: sa.Engine, stub: LimitsStub
+) -> None:
+    """10 payments the limits service always answers 500, claimed first among 200 good ones, open the breaker;
+    still each is POSTed exactly max_attempts times and FAILED with attempts == max_attempts, and every good
+    payment is DONE after one POST (a call that was made always spends its attempt, CONTRACT §7 v3)."""
+    with engine.begin() as conn:
+        poison = [r[0] for r in conn.execute(sa.text(
+            "INSERT INTO payments (id, amount_cents, priority) SELECT gen_random_uuid(), 100, 10"
+            " FROM generate_series(1, 10) RETURNING id"))]
+    queue.enqueue(engine, 200, seed=44)
+    bad = {str(p) for p in poison}
+    stub.respond = lambda body: 500 if body["payment_id"] in bad else 200
+    settings = QueueSettings.build(
+        concurrency=8, batch_size=16, max_attempts=3, backoff_base_s=0.2, backoff_max_s=0.4, http_timeout_s=2,
+        claim_lease_s=30, poll_interval_s=0.2, breaker_failures=5, breaker_cooldown_s=0.5, breaker_max_cooldown_s=1,
+    )
+    stop = threading.Event()
+    out: list[Any] = []
+    handler = HttpLimitsHandler(stub.url, settings.http_timeout_s, max_connections=settings.concurrency)
+    worker = threading.Thread(
+        target=lambda: out.append(run_worker(engine, settings, handler=handler, stop=stop, drain=False)))
+    worker.start()
+    try:
+        wait_for(lambda: _statuses(engine) == {"DONE": 200, "FAILED": 10}, timeout=60,
+                 what="poison FAILED and good DONE")
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    assert not worker.is_alive()
+    [result] = out
+    assert result.breaker_opened >= 1, result  # the poison payments, failing together, did open it
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT id, status, attempts, last_error FROM payments")).all()
+    for row in rows:
+        if str(row.id) in bad:
+            assert (row.status, row.attempts, stub.count(row.id)) == ("FAILED", 3, 3), row
+            assert row.last_error == "limits service answered HTTP 500"
+        else:
+            assert (row.status, row.attempts, stub.count(row.id)) == ("DONE", 1, 1), row
+    assert result.failed_by_type == {"http_500": 10}
 
 
 @pytest.mark.slow
