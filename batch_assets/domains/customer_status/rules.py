@@ -42,7 +42,9 @@ class Rules:
 
     @classmethod
     def from_pairs(cls, pairs: Sequence[tuple[str, int]]) -> Rules:
-        return cls(tuple(Rule(str(name), int(age)) for name, age in pairs))
+        """Rules from (category, min_age) pairs, taken as they are: `validate` refuses a non-text name or a
+        min_age that is not a whole number (int() would read True as 1 and ' 18' as 18)."""
+        return cls(tuple(Rule(name, age) for name, age in pairs))
 
     @classmethod
     def parse(cls, text: str) -> Rules:
