@@ -47,7 +47,8 @@ class Counters:
         with self._lock:
             self.retries += 1
 
-    def merge(self, page: PageCounts) -> None:
+    def merge(self, page: PageCounts, *, page_done: bool = True) -> None:
+        """Add a drained page's counts (`page_done=False`: writes that belong to no page of their own)."""
         with self._lock:
             self.scanned += page.scanned
             self.changed += page.changed
@@ -55,7 +56,7 @@ class Counters:
             self.failed += page.failed
             for kind, count in page.failed_by_type.items():
                 self.failed_by_type[kind] = self.failed_by_type.get(kind, 0) + count
-            self.pages += 1
+            self.pages += 1 if page_done else 0
             self.decrypted += page.decrypted
             self.triggers += page.triggers
             self.audit_events += page.audit_events
@@ -86,7 +87,7 @@ class PageCounts:
     """What one page did; only committed writes are counted as changed."""
 
     __slots__ = ("scanned", "changed", "unchanged", "failed", "failed_by_type", "decrypted", "triggers",
-                 "audit_events", "conflicts", "systemic", "unwritten", "extra")
+                 "audit_events", "conflicts", "systemic", "unwritten", "extra", "deferred")
 
     def __init__(self) -> None:
         self.scanned = 0
@@ -104,6 +105,9 @@ class PageCounts:
         """Rows whose write failed for their own reason (the row keeps its stored state)."""
         self.extra: dict[str, int] | None = None
         """The definition's own counters of committed writes (`WriteCounts.extra`)."""
+        self.deferred: list[Any] | None = None
+        """The writes of failed rows (RowOutcomes) held back because the page may trip the breaker; written
+        once the run is judged not to trip it, never otherwise (a wrong key writes nothing)."""
 
     def add_extra(self, extra: dict[str, int] | None) -> None:
         if not extra:

@@ -128,6 +128,9 @@ class _Run:
         self._saved = True
         self._reader: sa.Connection | None = None
         self.unwritten = 0
+        self._held: list[RowOutcome] = []
+        """Failed rows' writes of pages over the breaker ratio, held until the run is judged (see
+        _hold_or_write_failures)."""
         self.gave_up: tuple[BaseException, int] | None = None
         self.limit = settings.page_size
         # SET_LOCAL_TIMEOUTS' parameters, computed once: sent first in every write transaction.
@@ -156,7 +159,6 @@ class _Run:
             self.definition.display_cursor(resumed_from),
         )
         next_read: Future[tuple[list, int]] | None = prefetch.submit(self._read, cursor, self.limit)
-        rows_read = 0  # rows of every page handed to the workers so far (FIFO: what the breaker will have seen)
         try:
             try:
                 while next_read is not None and reason is None:
@@ -175,8 +177,7 @@ class _Run:
                     end = self.definition.cursor_of(rows[-1])
                     # Keyset: the next page starts after this page's last row, read while workers compute.
                     next_read = prefetch.submit(self._read, end, self.limit) if len(rows) >= limit else None
-                    rows_read += len(rows)
-                    window.append((pool.submit(self._process_page, rows, rows_read, next_read is None), end))
+                    window.append((pool.submit(self._process_page, rows), end))
                     del rows
                     while len(window) >= self.settings.window and reason is None:
                         reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, None)
@@ -199,9 +200,8 @@ class _Run:
             prefetch.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=reason is None, cancel_futures=True)
             self._close_reader()
-        if reason is None and self.unwritten:
-            reason = (f"{self.unwritten} row write(s) failed; the checkpoint stays before the first of them, "
-                      "so the next run of this mode retries them")
+        if reason is None:
+            reason = self._after_last_page()
         store = self.checkpoints
         if reason is None and store is not None:
             try:
@@ -298,6 +298,9 @@ class _Run:
             log.error("sweep %s: page failed: %s", self.definition.name, type(exc).__name__, exc_info=True)
             return f"page failed: {type(exc).__name__}", False, last_cursor
         window.popleft()
+        failed = self._hold_or_write_failures(page)
+        if failed is not None:
+            return failed, False, last_cursor
         self.counters.merge(page)
         reason = None
         unwritten = page.unwritten
@@ -324,6 +327,49 @@ class _Run:
                 self._saved = self._save_checkpoint(end)
         self._after_page(seconds)
         return reason, advance, last_cursor
+
+    def _hold_or_write_failures(self, page: PageCounts) -> str | None:
+        """What becomes of failed rows' writes held back by pages over the breaker ratio (`page.deferred`).
+
+        Such a page trips the breaker once the run has seen breaker_min_rows rows (the check of
+        `_drain_front`, with this page merged): then its writes and every held one are dropped, so a wrong
+        key writes nothing, and none of those pages moved the low watermark, so the resuming run evaluates
+        them again. Before that they are held (at most breaker_min_rows rows and one page); once a page
+        brings the run to breaker_min_rows without tripping, they are data failures and are written, as at
+        the end of a run that never got there. Returns a stop reason when that write could not be done."""
+        deferred, page.deferred = page.deferred, None
+        over_ratio = page.scanned and page.systemic > self.settings.breaker_ratio * page.scanned
+        judged = self.counters.scanned + page.scanned >= self.settings.breaker_min_rows
+        if over_ratio and judged:
+            self._held.clear()
+            return None
+        if deferred:
+            self._held.extend(deferred)
+        return self._flush_held(page) if self._held and judged else None
+
+    def _after_last_page(self) -> str | None:
+        """Why a run whose pages all drained does not succeed after all (None: it does)."""
+        if self._held:
+            # The run ended under breaker_min_rows rows without tripping: the held failures are data.
+            flushed = PageCounts()
+            reason = self._flush_held(flushed)
+            self.counters.merge(flushed, page_done=False)
+            if reason is not None:
+                return reason
+        if self.unwritten:
+            return (f"{self.unwritten} row write(s) failed; the checkpoint stays before the first of them, "
+                    "so the next run of this mode retries them")
+        return None
+
+    def _flush_held(self, page: PageCounts) -> str | None:
+        held, self._held = self._held, []
+        try:
+            self._write(held, page)
+        except LeaseLost:
+            return "lease lost"
+        except PageNotDone as exc:
+            return f"page not done: {exc}"
+        return None
 
     def _save_checkpoint(self, cursor: Cursor) -> bool:
         """Record the low watermark; False (and a warning) when the database does not take it.
@@ -500,9 +546,7 @@ class _Run:
 
     # Worker threads --------------------------------------------------------
 
-    def _process_page(self, rows: Sequence[Any], rows_read: int, last: bool) -> tuple[PageCounts, float]:
-        """Compute and write one page. `rows_read`: the run's rows up to and including this page's, which is
-        what the breaker counts when this page is drained (FIFO); `last`: no page comes after it."""
+    def _process_page(self, rows: Sequence[Any]) -> tuple[PageCounts, float]:
         started = time.monotonic()
         definition = self.definition
         page = PageCounts()
@@ -534,24 +578,17 @@ class _Run:
                 page.unchanged += 1
             if outcome.change is not None:
                 changed.append(outcome)
-        if changed and self._may_trip(page, rows_read, last):
-            # This page may trip the breaker (a wrong key, a broken dependency): write nothing for its
-            # failed rows (no marker, no cleared date), so a systemic failure never turns rows into "known
-            # bad" ones and a wrong key writes nothing. The page then never moves the low watermark, so
-            # the run that resumes it (with the right key) evaluates those rows again.
+        if changed and page.systemic > self.settings.breaker_ratio * page.scanned:
+            # This page may trip the breaker (a wrong key, a broken dependency): its failed rows' writes (the
+            # marker, the cleared date) wait for the drain, which knows whether it trips. If it does, they are
+            # never written, so a systemic failure never turns rows into "known bad" ones and a wrong key
+            # writes nothing; the page never moves the low watermark and the run that resumes it evaluates
+            # those rows again. If it does not (the run has not seen breaker_min_rows rows), they are written.
+            page.deferred = [outcome for outcome in changed if outcome.failure is not None]
             changed = [outcome for outcome in changed if outcome.failure is None]
         if changed:
             self._write(changed, page)
         return page, time.monotonic() - started
-
-    def _may_trip(self, page: PageCounts, rows_read: int, last: bool) -> bool:
-        """Whether this page trips the breaker, now or with the pages after it: its own ratio is over the
-        threshold and the run has read breaker_min_rows rows (the count `_drain_front` checks, exactly, since
-        pages drain in FIFO order) or may still read them (more pages follow). Only the last page of a run
-        that stays under breaker_min_rows can never trip: its failed rows are written (left due)."""
-        if page.systemic <= self.settings.breaker_ratio * page.scanned:
-            return False
-        return rows_read >= self.settings.breaker_min_rows or not last
 
     def _begin(self, conn: sa.Connection, timeouts: dict[str, str]) -> None:
         """First statement of every write transaction: SET LOCAL the timeouts and, when guarded, fence
