@@ -102,11 +102,34 @@ def db_url(admin_engine: sa.Engine, server_url: str, template_db: str) -> Iterat
     _drop_db(admin_engine, name)
 
 
+def _checked_out(database: str, *engines: sa.Engine) -> int:
+    """Connections still checked out of `engines` and of the product's own engines (db.engine.get_engine)
+    on `database`: at a test's end each is a connection some code forgot to give back."""
+    from batch_assets.db import engine as db_engine
+
+    with db_engine._engines_lock:
+        product = [e for e in db_engine._engines.values() if e.url.database == database]
+    return sum(e.pool.checkedout() for e in (*engines, *product) if isinstance(e.pool, sa.pool.QueuePool))
+
+
 @pytest.fixture
 def engine(db_url: str) -> Iterator[sa.Engine]:
+    """The test database's engine. At teardown no connection of it (nor of the product's engines on this
+    database) may still be checked out: a leaked connection fails the test that leaked it."""
+    from helpers import wait_for
+
     engine = create_engine(db_url, pool_size=12)
-    yield engine
-    engine.dispose()
+    try:
+        yield engine
+        database = str(make_url(db_url).database)
+        # Threads of a run that ended FAILURE may still be giving theirs back: allow them a few seconds.
+        try:
+            wait_for(lambda: _checked_out(database, engine) == 0, timeout=10, what="every connection given back")
+        except AssertionError:
+            pytest.fail(f"{_checked_out(database, engine)} pooled connection(s) still checked out at the end "
+                        "of the test: a connection leak", pytrace=False)
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(scope="session")
