@@ -105,11 +105,14 @@ def _expected_counts(rows: dict[uuid.UUID, tuple[str, bytes | None]]) -> dict[st
 
 def test_every_hostile_row_is_counted_by_kind_and_left_due(engine: sa.Engine, cipher: DobCipher) -> None:
     """Each hostile value is counted under its kind, keeps its category, loses its future date (due) and records
-    its kind; nothing is decrypted from a value over max_value_bytes; a delta counts them again, as known rows."""
+    its kind; nothing is decrypted from a value over max_value_bytes; a status 'active' row is not swept; a delta
+    counts them again, as known rows."""
     hostile = _hostile_rows(cipher)
     good = [customer(cipher, "1990-07-01") for _ in range(60)]
     copy_customers(engine, good)
     _insert(engine, hostile)
+    lowercase = {cid: ("", cipher.encrypt_text(cid, "1990-01-01")) for cid in (uuid.uuid4(), uuid.uuid4())}
+    _insert(engine, lowercase, status="active")  # not ACTIVE: outside every mode's selection, never touched
     Recording.largest = 0
     full = _sweep(engine, cipher, "full")
     assert full.status == "SUCCESS", full.stopped_reason
@@ -119,21 +122,12 @@ def test_every_hostile_row_is_counted_by_kind_and_left_due(engine: sa.Engine, ci
     stored = _stored(engine)
     for cid, (kind, _) in hostile.items():
         assert stored[cid] == (SETTLED[0], None, kind), (kind, stored[cid])
+    assert {stored[cid] for cid in lowercase} == {(*SETTLED, None)}
     assert _side_effects(engine) == (0, len(good))  # events for the good rows' first computation only
     delta = _sweep(engine, cipher, "delta")
     assert (delta.status, delta.scanned, delta.changed) == ("SUCCESS", len(hostile), 0)
     assert delta.failed_by_type == _expected_counts(hostile)
     assert _stored(engine) == stored  # known failures, still due: no write at all
-
-
-def test_lowercase_status_is_not_swept(engine: sa.Engine, cipher: DobCipher) -> None:
-    """A status other than ACTIVE ('active', 'Closed') is outside every mode's selection: read by none, untouched."""
-    rows = {uuid.uuid4(): ("", None) for _ in range(2)}
-    rows = {cid: ("", cipher.encrypt_text(cid, "1990-01-01")) for cid in rows}
-    _insert(engine, rows, status="active")
-    result = _sweep(engine, cipher, "full")
-    assert (result.scanned, result.changed, result.failed) == (0, 0, 0)
-    assert set(_stored(engine).values()) == {(*SETTLED, None)}
 
 
 def test_one_copied_ciphertext_among_good_rows_is_left_due(engine: sa.Engine, cipher: DobCipher) -> None:
