@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from faults.campaign import Campaign, FaultResult
+from faults import checker
+from faults.campaign import EDIT_RATE, Campaign, FaultResult
 
 INFO_KEYS = {"transitions", "new_triggers", "new_events", "unevaluable", "posts_total", "posts_max_per_key",
              "payments_done", "sink_resends", "subscriptions_expired", "subscriptions_failed", "subscriptions_active"}
@@ -32,13 +33,47 @@ def fault_table(results: list[FaultResult]) -> list[str]:
     groups: OrderedDict[str, list[FaultResult]] = OrderedDict()
     for r in results:
         groups.setdefault(r.spec.label, []).append(r)
-    lines = ["| fault | runs | outcome | rows lost | duplicates | recovery time |", "|---|---:|---|---:|---:|---:|"]
+    lines = ["| fault | runs | outcome | rows lost | stale | duplicates | recovery time |",
+             "|---|---:|---|---:|---:|---:|---:|"]
     for label, rs in groups.items():
         injected = [r for r in rs if r.injected]
         lost = sum(r.report.rows_lost for r in injected)
+        stale = sum(r.report.stale for r in injected)
         dups = sum(r.report.duplicates for r in injected)
-        lines.append(f"| {label} | {len(rs)} | {_outcome(rs)} | {lost:,} | {dups:,} | {_recovery(rs)} |")
+        lines.append(f"| {label} | {len(rs)} | {_outcome(rs)} | {lost:,} | {stale:,} | {dups:,} | {_recovery(rs)} |")
     return lines
+
+
+def hostile_table(results: list[FaultResult]) -> list[str]:
+    """One line per hostile row kind: what CONTRACT §5/§7 says it becomes, what each fault saw."""
+    kinds: OrderedDict[tuple[str, str], list[tuple[FaultResult, checker.HostileOutcome]]] = OrderedDict()
+    for r in results:
+        family = "payment" if r.spec.job == "queue" else "customer"
+        for kind, outcome in r.hostile.items():
+            kinds.setdefault((family, kind), []).append((r, outcome))
+    if not kinds:
+        return ["No hostile-row fault ran."]
+    lines = ["| row | kind | expected outcome | observed (counted as / row state after) | faults | verdict |",
+             "|---|---|---|---|---:|---|"]
+    for (family, kind), seen in kinds.items():
+        observed: list[str] = []
+        for _, o in seen:
+            observed += [t for t in o.observed if t not in observed]
+        verdict = "pass" if all(o.ok for _, o in seen) else "**FAIL**"
+        text = "; ".join(observed).replace("|", "\\|")
+        shown = kind.replace("|", "\\|")
+        lines.append(f"| {family} | {shown} | {EXPECTED.get(seen[0][1].expected, seen[0][1].expected)} | {text} | "
+                     f"{len(seen)} | {verdict} |")
+    return lines
+
+
+EXPECTED = {
+    "missing_data": "counted as `missing_data`; category kept, left due",
+    "invalid_value": "counted as `invalid_value`; category kept, left due",
+    "decrypt_failure": "counted as `decrypt_failure`; category kept, left due",
+    "computed": "computed by the rule (not a failure)",
+    "DONE": "DONE (or FAILED with a true `last_error`), never lost",
+}
 
 
 def details(results: list[FaultResult]) -> list[str]:
@@ -58,6 +93,10 @@ def details(results: list[FaultResult]) -> list[str]:
             shown = {k: v for k, v in r.report.info.items() if k in INFO_KEYS}
             if shown:
                 lines.append("   - counters: " + ", ".join(f"{k} {v:,}" for k, v in sorted(shown.items())))
+        bad = [f"{k}: {'; '.join(o.observed)}" for k, o in r.hostile.items() if not o.ok]
+        if r.hostile:
+            lines.append(f"   - hostile rows: {len(r.hostile) - len(bad)} of {len(r.hostile)} kinds as expected"
+                         + (f"; not: {' | '.join(bad)}" if bad else ""))
         for note in r.notes:
             lines.append(f"   - {note}")
         if r.error:
@@ -109,6 +148,8 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         "computes the rule per CONTRACT §5; it does not import the engine):",
         "",
         "- every ACTIVE row equals the rule for the run date; a row that cannot be evaluated stays due;",
+        "- no row stale after another service edited it during a run; each write the rule of what the row held;",
+        "- every hostile row gets its named outcome (the table under \"Writers beside the jobs\");",
         "- one review trigger and one outbox event per transition, none without one;",
         "- every payment DONE, written DONE once, at most 2 accepted POSTs per Idempotency-Key;",
         "- subscriptions all-or-nothing (EXPIRED ⇒ no enrollments; ACTIVE/FAILED ⇒ all of them);",
@@ -119,18 +160,39 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         f"- seed: `{c.seed}`; run date {c.run_date}; {c.sizes.customers:,} customers, "
         f"{c.sizes.subscriptions:,} subscriptions, {c.sizes.payments:,} payments per fault",
         f"- PostgreSQL binaries: `{c.pg.bindir}`; Redis: {'yes' if c.redis else 'absent (lock-store faults skipped)'}",
-        f"- {len(results)} faults planned, {len(injected)} injected, {passed} passed; "
+        f"- {len(results)} faults planned, {len(injected)} injected, {passed} passed; rows lost "
+        f"{sum(r.report.rows_lost for r in injected):,}, stale {sum(r.report.stale for r in injected):,}, "
+        f"duplicates {sum(r.report.duplicates for r in injected):,}; "
         f"campaign took {duration_s / 60:.1f} min; result: **{'FAIL' if failed else 'PASS'}**",
         "",
         "## Faults",
         "",
         "`rows lost` counts rows left wrong or uncomputed after recovery, missing triggers/events, payments",
         "not DONE, subscriptions left half-expired or not expired, events not sent. `duplicates` counts extra",
-        "triggers/events, payments written DONE twice or POSTed (accepted) more than twice. `recovery time` is",
+        "triggers/events, payments written DONE twice or POSTed (accepted) more than twice. `stale` counts rows",
+        "holding, not due, the result of a date of birth they no longer had (below). `recovery time` is",
         "from the fault to the end of the first SUCCESS run. \"not injected\" means the run ended before the",
         "fault point: it is not a pass.",
         "",
         *fault_table(results),
+        "",
+        "## Writers beside the jobs",
+        "",
+        f"The concurrent writer made {sum(r.edits for r in results):,} edits of `encrypted_dob` while sweeps ran "
+        f"(about {EDIT_RATE} a second, on a connection of its own, each a valid ciphertext of another date). A row is",
+        "`stale` when it is not due and holds the category and `next_review_date` of a date of birth it no longer",
+        "has, or when a write of the product was computed from one (the campaign's trigger logs the ciphertext each",
+        "written row held). After the run and one delta every row must be the rule applied to its current date of",
+        "birth, and the review triggers and outbox events must be exactly those of the transitions written.",
+        "",
+        "Hostile rows are written by another connection while a run works; for customers, each kind as a new row,",
+        "over a settled row (its category kept, `next_review_date` cleared by the trigger) and, in full and",
+        "config-change sweeps, as a new row holding a category and a future `next_review_date`. The counts are",
+        "the settling run's `failed_by_type` against the checker's own count over the rows it read; where they",
+        "differ, each suspect kind is swept alone to name what it was counted as. Payments are judged as the drain",
+        "left them, before the campaign fast-forwards time or replays the DLQ.",
+        "",
+        *hostile_table(results),
         "",
         "### Each fault",
         "",

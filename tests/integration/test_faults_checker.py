@@ -8,8 +8,10 @@ from datetime import date
 
 import pytest
 import sqlalchemy as sa
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from helpers import wait_for
 
-from faults import checker
+from faults import checker, writers
 
 pytestmark = pytest.mark.integration
 
@@ -151,3 +153,209 @@ def test_detects_an_event_sent_but_not_in_the_sink(engine: sa.Engine) -> None:
     assert report.violations == Counter({"event_not_sent": 2}), report.describe()
     assert any(f"event {ids[2]} SENT but not in the sink" == e for e in report.examples["event_not_sent"])
     assert report.info["sink_resends"] == 1
+
+
+# --- other services writing beside the jobs (issue 15) --------------------------------------
+
+
+def _aead(key_text: str) -> AESGCM:
+    return AESGCM(checker.decode_key(key_text))
+
+
+def _edit(engine: sa.Engine, aead: AESGCM, cid: uuid.UUID, plain: bytes | None) -> bytes | None:
+    """Another service rewrites the row's encrypted_dob (the trigger clears next_review_date)."""
+    blob = None if plain is None else checker.encrypt_bytes(aead, cid, plain)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE customers SET encrypted_dob = :b WHERE id = :id"), {"b": blob, "id": cid})
+    return blob
+
+
+def _write(engine: sa.Engine, cid: uuid.UUID, dob: str, *, event_from: str | None = "same") -> None:
+    """The product's write of the rule for `dob`, with its outbox event (and trigger, from a category)."""
+    result = checker.rule(date.fromisoformat(dob), RUN_DATE, checker.DEFAULT_RULES)
+    with engine.begin() as conn:
+        old = conn.execute(sa.text("SELECT age_category FROM customers WHERE id = :id"), {"id": cid}).scalar()
+        conn.execute(sa.text("UPDATE customers SET age_category = :c, next_review_date = :d WHERE id = :id"),
+                     {"c": result.category, "d": result.next_review_date, "id": cid})
+        conn.execute(sa.text(
+            "INSERT INTO outbox_events (aggregate_id, event_type, payload) VALUES (:id, 'age_category_changed', "
+            "jsonb_build_object('from_category', CAST(:f AS text), 'to_category', CAST(:t AS text)))"),
+            {"id": cid, "f": old, "t": result.category})
+        if old is not None:
+            conn.execute(sa.text("INSERT INTO review_triggers (customer_id, from_category, to_category, "
+                                 "effective_date) VALUES (:id, :f, :t, :d)"),
+                         {"id": cid, "f": old, "t": result.category, "d": result.since})
+
+
+def _fresh(engine: sa.Engine, aead: AESGCM, dob: str) -> uuid.UUID:
+    cid = uuid.uuid4()
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO customers (id, status, encrypted_dob) VALUES (:id, 'ACTIVE', :b)"),
+                     {"id": cid, "b": checker.encrypt_bytes(aead, cid, dob.encode())})
+    return cid
+
+
+def _beside(engine: sa.Engine) -> checker.Baseline:
+    with engine.begin() as conn:
+        checker.install_write_log(conn)
+    with engine.connect() as conn:
+        return checker.take_baseline(conn, with_blobs=True)
+
+
+def test_evaluate_row_names_every_hostile_kind(key_text: str) -> None:
+    """Empty ciphertext is missing_data, non-ASCII digits and an encrypted '' are invalid_value (CONTRACT §5)."""
+    aead = _aead(key_text)
+    donor = checker.encrypt_bytes(aead, uuid.uuid4(), b"1990-01-01")
+    for kind, expected, build in writers.HOSTILE_CUSTOMERS:
+        cid = uuid.uuid4()
+        got = checker.evaluate_row(aead, cid, build(aead, cid, RUN_DATE, donor), RUN_DATE, checker.DEFAULT_RULES)
+        assert (got if isinstance(got, str) else "computed") == expected, kind
+
+
+def test_a_write_computed_from_the_dob_before_an_edit_is_stale(engine: sa.Engine, key_text: str) -> None:
+    """Edited by another connection, then written with the old dob's result and not due: stale, once per row."""
+    aead = _aead(key_text)
+    stale, redone = _fresh(engine, aead, "1950-01-01"), _fresh(engine, aead, "1951-01-01")
+    baseline = _beside(engine)
+    edits = checker.Edits()
+    for cid in (stale, redone):
+        edits.add(cid, _edit(engine, aead, cid, b"2000-06-01"))
+    _write(engine, stale, "1950-01-01")  # the sweep read 1950 before the edit and wrote over it
+    _write(engine, redone, "2000-06-01")  # left due by the sweep, computed by the next run
+    report = _check_edits(engine, key_text, baseline, edits)
+    assert report.violations == Counter({"stale": 1, "stale_write": 1}), report.describe()
+    assert report.stale == 1 and report.stale_rows == {stale}
+    assert report.rows_lost == 0
+
+
+def _check_edits(engine: sa.Engine, key_text: str, baseline: checker.Baseline, edits: checker.Edits, *,
+                 pending: bool = False) -> checker.Report:
+    with engine.connect() as conn:
+        return checker.check_customers(conn, key_text, RUN_DATE, checker.DEFAULT_RULES, baseline, edits=edits,
+                                       pending=pending)
+
+
+def test_an_edited_row_may_stay_due_only_until_the_next_run(engine: sa.Engine, key_text: str) -> None:
+    """Right after the run an edited row left due is expected; after the next run it is uncomputed."""
+    aead = _aead(key_text)
+    cid = _fresh(engine, aead, "1950-01-01")
+    baseline = _beside(engine)
+    edits = checker.Edits()
+    edits.add(cid, _edit(engine, aead, cid, b"2000-06-01"))
+    pending = _check_edits(engine, key_text, baseline, edits, pending=True)
+    assert pending.ok and pending.info["edited_left_due"] == 1, pending.describe()
+    assert _check_edits(engine, key_text, baseline, edits).violations == Counter({"uncomputed": 1})
+
+
+def test_events_follow_the_writes_of_a_row_edited_between_runs(engine: sa.Engine, key_text: str) -> None:
+    """Two right writes around an edit give two events and one trigger; an event of the old dob is extra."""
+    aead = _aead(key_text)
+    cid = _fresh(engine, aead, "1990-01-01")
+    baseline = _beside(engine)
+    _write(engine, cid, "1990-01-01")  # NULL -> ADULT: an event, no trigger
+    edits = checker.Edits()
+    edits.add(cid, _edit(engine, aead, cid, b"1950-01-01"))
+    _write(engine, cid, "1950-01-01")  # ADULT -> SENIOR: an event and a trigger
+    report = _check_edits(engine, key_text, baseline, edits)
+    assert report.ok and report.info["transitions"] == 2, report.describe()
+    with engine.begin() as conn:  # an event built from the old dob for the conflicting row
+        conn.execute(sa.text(
+            "INSERT INTO outbox_events (aggregate_id, event_type, payload) VALUES (:id, 'age_category_changed', "
+            "jsonb_build_object('from_category', 'ADULT', 'to_category', 'ADULT'))"), {"id": cid})
+    assert _check_edits(engine, key_text, baseline, edits).violations == Counter({"wrong_event": 1})
+
+
+def test_hostile_customer_outcomes(engine: sa.Engine, key_text: str) -> None:
+    """A failed row passes only due with its category kept; a malformed date accepted as valid fails."""
+    aead = _aead(key_text)
+    rows = []
+    for kind, expected, plain, cat, nrd in (
+        ("kept", "invalid_value", b"1_90-01-01", "ADULT", None),
+        ("not due", "decrypt_failure", None, "ADULT", date(2030, 1, 1)),
+        ("changed", "missing_data", b"", "SENIOR", None),
+        ("accepted", "invalid_value", b" 990-01-01", "SENIOR", checker.SENTINEL),
+        ("valid", "computed", b"2026-06-15", "MINOR", date(2044, 6, 15)),
+    ):
+        cid = uuid.uuid4()
+        blob = checker.encrypt_bytes(aead, uuid.uuid4() if plain is None else cid, plain or b"")
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO customers (id, status, encrypted_dob, age_category, next_review_date) "
+                                 "VALUES (:id, 'ACTIVE', :b, :c, :d)"),
+                         {"id": cid, "b": b"" if plain == b"" else blob, "c": cat, "d": nrd})
+        rows.append(checker.HostileRow(kind, expected, cid, "new", "ADULT" if kind == "changed" else cat))
+    rows[3] = checker.HostileRow("accepted", "invalid_value", rows[3].cid, "new", None)
+    with engine.connect() as conn:
+        out = checker.hostile_customer_outcomes(conn, key_text, RUN_DATE, checker.DEFAULT_RULES, rows)
+        counts = checker.expected_failures(conn, key_text, RUN_DATE, checker.DEFAULT_RULES, due_only=True)
+    assert {k: o.ok for k, o in out.items()} == {"kept": True, "not due": False, "changed": False,
+                                                 "accepted": False, "valid": True}
+    assert out["not due"].observed == ["NOT due, category kept (new)"]
+    assert out["changed"].observed == ["due, category ADULT -> SENIOR (new)"]
+    assert counts == Counter({"invalid_value": 1, "missing_data": 1})  # not-due and accepted rows are not read
+
+
+def test_hostile_payment_outcomes(engine: sa.Engine) -> None:
+    """DONE, or FAILED with a true last_error; a lapse named for a row never claimed, or a row left, fails."""
+    rows, states = [], (("DONE", None, True), ("FAILED", "HTTP 400 from the limits service", True),
+                        ("FAILED", "claim lapsed repeatedly; attempt 6 > max 5", False), ("FAILED", None, False),
+                        ("PROCESSING", None, False), ("NEW", None, False))
+    with engine.begin() as conn:
+        for i, (status, error, _) in enumerate(states):
+            pid = uuid.uuid4()
+            conn.execute(sa.text("INSERT INTO payments (id, amount_cents, status, attempts, last_error) "
+                                 "VALUES (:id, 1, :s, 5, :e)"), {"id": pid, "s": status, "e": error})
+            rows.append(checker.HostileRow(f"k{i}", "DONE", pid, "NEW", None))
+    with engine.connect() as conn:
+        out = checker.hostile_payment_outcomes(conn, rows)
+    assert [out[f"k{i}"].ok for i in range(len(states))] == [ok for _, _, ok in states]
+    assert out["k4"].observed == ["left PROCESSING: lost"]
+
+
+def test_dob_editor_writes_valid_ciphertexts_of_other_dates(engine: sa.Engine, db_url: str, key_text: str) -> None:
+    """The concurrent writer edits on its own connection at its rate; each recorded ciphertext is what the row holds."""
+    aead = _aead(key_text)
+    ids = [_fresh(engine, aead, "1990-01-01") for _ in range(20)]
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE customers SET age_category = 'ADULT', next_review_date = '2055-01-01'"))
+    writer_engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    editor = writers.DobEditor(writer_engine, key_text, ids, RUN_DATE, rate=400, seed=1)
+    editor.start()
+    try:
+        wait_for(lambda: editor.edits.count >= 100, timeout=30, what="100 edits")
+    finally:
+        edits = editor.stop()
+        writer_engine.dispose()
+    assert editor.errors == 0 and edits.count >= 100
+    assert edits.count / editor.elapsed_s < 400 * 1.5  # paced, not as fast as it can
+    with engine.connect() as conn:
+        rows = {cid: (bytes(blob), cat, nrd) for cid, blob, cat, nrd in conn.execute(sa.text(
+            "SELECT id, encrypted_dob, age_category, next_review_date FROM customers"))}
+    for cid, blobs in edits.blobs.items():
+        blob, cat, nrd = rows[cid]
+        assert blob == blobs[-1] and (cat, nrd) == ("ADULT", None)  # the trigger made it due, category kept
+        assert isinstance(checker.evaluate_row(aead, cid, blob, RUN_DATE, checker.DEFAULT_RULES), checker.Expected)
+
+
+def test_injected_hostile_rows_are_what_their_kind_says(engine: sa.Engine, db_url: str, key_text: str) -> None:
+    """Every hostile kind, inserted or written over a settled row, evaluates to its kind in the checker."""
+    aead = _aead(key_text)
+    for _ in range(len(writers.HOSTILE_CUSTOMERS)):
+        _fresh(engine, aead, "1990-01-01")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE customers SET age_category = 'ADULT', next_review_date = '2055-01-01'"))
+    writer_engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        rows = writers.inject_hostile_customers(writer_engine, key_text, RUN_DATE, variants=tuple(writers.VARIANTS),
+                                                seed=3)
+    finally:
+        writer_engine.dispose()
+    assert Counter(r.variant for r in rows) == {v: len(writers.HOSTILE_CUSTOMERS) for v in writers.VARIANTS}
+    with engine.connect() as conn:
+        state = {cid: (blob, cat, nrd) for cid, blob, cat, nrd in conn.execute(sa.text(
+            "SELECT id, encrypted_dob, age_category, next_review_date FROM customers"))}
+    for r in rows:
+        blob, cat, nrd = state[r.cid]
+        got = checker.evaluate_row(aead, r.cid, None if blob is None else bytes(blob), RUN_DATE, checker.DEFAULT_RULES)
+        assert (got if isinstance(got, str) else "computed") == r.expected, (r.kind, r.variant)
+        assert cat == r.category == {"new": None, "edited": "ADULT", "preset": "ADULT"}[r.variant]
+        assert (nrd is None) == (r.variant != "preset")
