@@ -265,7 +265,8 @@ def test_queue_stats_counts_by_status_and_stuck(engine: sa.Engine) -> None:
 
 
 def test_claim_uses_both_partial_indexes(engine: sa.Engine) -> None:
-    """The claim statement can use payments_claim_rank_idx (aging order) and payments_processing_idx (plan test)."""
+    """The claim statement can use payments_claim_rank_idx (aging order) and payments_processing_idx, for lapsed
+    leases and for rows without one (plan test)."""
     queue.enqueue(engine, 2000, seed=10)
     with engine.begin() as conn:
         conn.execute(sa.text("ANALYZE payments"))
@@ -277,6 +278,8 @@ def test_claim_uses_both_partial_indexes(engine: sa.Engine) -> None:
     text = str(plan)
     assert "payments_claim_rank_idx" in text
     assert "payments_processing_idx" in text
+    # Rows without a lease (claimed_until NULL, CONTRACT §3 v3) are found on the same index, not by a scan.
+    assert "'Index Cond': '(claimed_until IS NULL)'" in text, text
 
 
 def test_worker_drains_with_simulated_handler(engine: sa.Engine) -> None:
