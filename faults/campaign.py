@@ -620,6 +620,8 @@ $$""")
             edits = editor.stop()
             writer_engine.dispose()
         res.edits = edits.count - pre
+        # Only dates older than last year are searched (see _collect_dobs).
+        self.dobs |= {d for d in editor.dobs if d[:4] < str(self.run_date.year - 1)}
         res.injected = res.edits > 0
         res.injected_note = (f"{res.edits:,} edits of encrypted_dob in {editor.elapsed_s:.1f}s "
                              f"({res.edits / max(editor.elapsed_s, 0.001):.0f}/s) over {len(editor.ids):,} rows"
@@ -1089,14 +1091,14 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool) -> list[
             FaultSpec("sweep", "redis_between_ranges", "config-change", 0.0, 2),
         ]
     # Other services writing while the jobs run (CONTRACT §3): at EDIT_RATE edits/s, a full sweep of
-    # FULL.customers lasts long enough for ~8k edits, so the nine give well over 10k.
-    for mode in ("full", "delta", "config-change"):
-        for _ in range(3):
+    # FULL.customers lasts long enough for ~8k edits, so the eight give well over 10k.
+    for mode, n in (("full", 3), ("delta", 3), ("config-change", 2)):
+        for _ in range(n):
             specs.append(FaultSpec("sweep", "concurrent", mode, 0.0, workers()))
-    for mode in ("full", "full", "delta", "config-change"):
+    for mode in ("full", "delta", "config-change"):
         specs.append(FaultSpec("sweep", "hostile", mode, at(), workers()))
     for fault in ("kill9", "sigterm", "terminate", "restart_fast", "limits_down", "limits_hang", "limits_flaky",
-                  "limits_503", "hostile", "hostile"):
+                  "limits_503", "hostile", "hostile", "hostile"):
         specs.append(FaultSpec("queue", fault, None, at()))
     for fault in ("kill9", "sigterm", "terminate", "restart_fast", "restart_immediate"):
         specs.append(FaultSpec("expiry", fault, None, at()))

@@ -46,16 +46,19 @@ class DobEditor(threading.Thread):
         self.rate = rate
         self.rng = random.Random(seed)
         self.edits = checker.Edits()
+        self.dobs: set[str] = set()  # every date written, for the campaign's secret scan (never printed)
         self.errors = 0
         self.elapsed_s = 0.0
         self._halt = threading.Event()
         self._lock = threading.Lock()
 
     def edit_one(self, conn: sa.Connection, cid: uuid.UUID) -> None:
-        blob = checker.encrypt_bytes(self.aead, cid, random_dob(self.rng, self.run_date).isoformat().encode())
+        text = random_dob(self.rng, self.run_date).isoformat()
+        blob = checker.encrypt_bytes(self.aead, cid, text.encode())
         if conn.exec_driver_sql(EDIT_DOB_SQL, {"blob": blob, "id": cid}).rowcount:
             with self._lock:
                 self.edits.add(cid, blob)
+                self.dobs.add(text)
 
     def run(self) -> None:
         started = time.monotonic()
