@@ -181,3 +181,26 @@ def test_last_error_is_bounded_in_bytes_when_written_and_when_listed(engine: sa.
     [theirs] = _insert(db_url, [{"amount_cents": 100, "status": "FAILED", "last_error": "x" * 5_000_000}])
     listed = {r["id"]: r for r in queue.dlq_list(engine)}
     assert len(listed[theirs]["last_error"]) == queue.DLQ_ERROR_CHARS
+
+
+def test_infinite_times_neither_crash_the_worker_nor_stats_and_are_counted(engine: sa.Engine, db_url: str) -> None:
+    """next_attempt_at '-infinity' is due (claimed, DONE); 'infinity' on next_attempt_at or claimed_until never
+    comes (counted as never_due); a worker drains past them and stats and dlq list stay readable."""
+    [early, never, held, listed] = _insert(db_url, [
+        {"amount_cents": 100, "next_attempt_at": "-infinity"},
+        {"amount_cents": 100, "next_attempt_at": "infinity"},
+        {"amount_cents": 100, "status": "PROCESSING", "claimed_until": "infinity"},
+        {"amount_cents": 100, "status": "FAILED", "created_at": "infinity", "processed_at": "-infinity"},
+    ])
+    stats = queue.queue_stats(engine)
+    assert stats["due"] == 1 and stats["never_due"] == 2, stats
+    assert stats["oldest_due_s"] > 99 * 365 * 86400  # due since forever, shown as 100 years
+    handler_fn = Recorder()
+    result = run_worker(engine, QueueSettings.build(), handler=PluginHandler(handler_fn))
+    assert result.status == "SUCCESS" and result.stopped_by == "drained", result
+    assert [p for p, _ in handler_fn.calls] == [str(early)]
+    rows = _rows(engine)
+    assert [rows[i].status for i in (early, never, held)] == ["DONE", "NEW", "PROCESSING"]
+    assert queue.queue_stats(engine)["never_due"] == 2
+    [item] = queue.dlq_list(engine)
+    assert (item["id"], item["created_at"], item["processed_at"]) == (listed, None, None)

@@ -281,15 +281,17 @@ def queue_stats(engine: sa.Engine) -> dict[str, Any]:
     `due` = NEW and due + lapsed claims (§7's "due rows"); `stuck_processing` = the lapsed claims alone,
     a PROCESSING row without a lease included (§3 v3). A status another service wrote that is none of
     §3's four (`'new'`, `'PENDING'`, ...) is never claimed: it is counted under its own name in
-    `by_status` and in `unknown_status`, so it is never lost without a trace.
+    `by_status` and in `unknown_status`, so it is never lost without a trace. `never_due`: NEW rows whose
+    next_attempt_at, or PROCESSING rows whose claimed_until, another service set to 'infinity'.
     """
     by_status = dict.fromkeys(STATUSES, 0)
-    due = stuck = 0
+    due = stuck = never_due = 0
     with engine.connect() as conn:
         for row in conn.execute(sql.STATS):
             by_status[row.status] = int(row.n)
             due += int(row.due)
             stuck += int(row.stuck)
+            never_due += int(row.never_due)
         oldest_due_s = float(conn.exec_driver_sql(sql.OLDEST_DUE_S).scalar_one())
         state = conn.exec_driver_sql(sql.QUEUE_STATE, {"queue": QUEUE_NAME}).mappings().first()
     return {
@@ -298,6 +300,7 @@ def queue_stats(engine: sa.Engine) -> dict[str, Any]:
         "due": due + stuck,
         "stuck_processing": stuck,
         "unknown_status": sum(n for status, n in by_status.items() if status not in STATUSES),
+        "never_due": never_due,
         "oldest_due_s": round(max(oldest_due_s, 0.0), 3),
         "dlq_size": by_status["FAILED"],
         "breaker": state["breaker"] if state else "closed",

@@ -19,7 +19,8 @@ import sqlalchemy as sa
 #   %(lease_s)s  float  claim lease in seconds (claimed_until = now() + lease)
 #   %(token)s    uuid   the claim token written to every claimed row (fencing)
 # Returns id, amount_cents, attempts (after the increment), lapsed (the row was PROCESSING under a
-# claim of ours, i.e. with a claim token: its earlier attempt's claim lapsed). Only fixed-size
+# claim of ours whose lease passed, i.e. with a claim token and a claimed_until: a row without a lease
+# was never left so by us, whatever token it kept). Only fixed-size
 # columns: last_error (text, unbounded when another service writes it) is never read here.
 # Three branches, each on a partial index: NEW rows that are due, in claim-rank order
 # (payments_claim_rank_idx: higher priority first, one level gained per minute due); PROCESSING
@@ -52,8 +53,8 @@ WITH due AS MATERIALIZED (
                         LIMIT %(n)s
                           FOR UPDATE SKIP LOCKED) AS stale
                UNION ALL
-               SELECT orphan.id, '-infinity'::timestamptz, orphan.lapsed
-                 FROM (SELECT id, claim_token IS NOT NULL AS lapsed
+               SELECT orphan.id, '-infinity'::timestamptz, false
+                 FROM (SELECT id
                          FROM payments
                         WHERE status = 'PROCESSING' AND claimed_until IS NULL
                         LIMIT %(n)s
@@ -112,13 +113,17 @@ RETURNING r.ord
 
 # NEXT_DUE_IN — seconds until the earliest NEW row is due or the earliest claim lapses
 # (negative: already due; 0: a PROCESSING row without a lease, due now; NULL: nothing queued).
-# Each term is a min or an existence test over a partial index.
+# Each term is a min or an existence test over a partial index. Cut to ±1 day, so a time another
+# service wrote as 'infinity' or '-infinity' (which cannot be subtracted) is a far wait or due now.
 NEXT_DUE_IN = """
-SELECT extract(epoch FROM least(
+SELECT CASE WHEN t IS NOT NULL
+            THEN extract(epoch FROM least(greatest(t, now() - interval '1 day'), now() + interval '1 day') - now())
+       END::float8
+  FROM (SELECT least(
            (SELECT min(next_attempt_at) FROM payments WHERE status = 'NEW'),
            (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING'),
            (SELECT now() WHERE EXISTS (SELECT FROM payments WHERE status = 'PROCESSING' AND claimed_until IS NULL))
-       ) - now())::float8
+       ) AS t) AS earliest
 """
 
 # RECORD_STATE — record this worker's view of the outage breaker for `queue stats` and Dagster.
@@ -147,12 +152,14 @@ QUEUE_STATE = (
 
 # OLDEST_DUE_S — age in seconds of the oldest due payment (NEW and due, or a lapsed claim); 0 when none.
 # A PROCESSING row without a lease (claimed_until NULL) counts as due since its next_attempt_at.
+# A time another service wrote as '-infinity' counts as 100 years ago (infinite times cannot be subtracted).
 OLDEST_DUE_S = """
-SELECT coalesce(extract(epoch FROM now() - least(
+SELECT coalesce(extract(epoch FROM now() - greatest(t, now() - interval '100 years')), 0)::float8
+  FROM (SELECT least(
            (SELECT min(next_attempt_at) FROM payments WHERE status = 'NEW' AND next_attempt_at <= now()),
            (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()),
-           (SELECT min(next_attempt_at) FROM payments WHERE status = 'PROCESSING' AND claimed_until IS NULL))),
-       0)::float8
+           (SELECT min(next_attempt_at) FROM payments WHERE status = 'PROCESSING' AND claimed_until IS NULL)
+       ) AS t) AS oldest
 """
 
 # LISTEN_DUE — the channel the payments_notify_due triggers notify (migration 0002).
@@ -164,9 +171,12 @@ LISTEN_DUE = "LISTEN batch_assets_payments_due"
 #   :limit       int   page size
 #   :error_chars int   last_error is read cut to this many characters (another service may have
 #                      written any size there): a page is bounded in bytes as well as rows
+# created_at / processed_at another service wrote as ±infinity (no Python datetime) are read as NULL.
 DLQ_LIST = sa.text(
     """
-SELECT id, amount_cents, attempts, left(last_error, :error_chars) AS last_error, created_at, processed_at
+SELECT id, amount_cents, attempts, left(last_error, :error_chars) AS last_error,
+       CASE WHEN isfinite(created_at) THEN created_at END AS created_at,
+       CASE WHEN isfinite(processed_at) THEN processed_at END AS processed_at
   FROM payments
  WHERE status = 'FAILED' AND id > :after_id
  ORDER BY id
@@ -206,14 +216,17 @@ RETURNING id
 #   :ids  uuid[]  payment ids
 STATUS_OF = sa.text("SELECT id, status FROM payments WHERE id = ANY(:ids)")
 
-# STATS — counts by status (any status another service wrote, by its own name), due NEW rows and
-# PROCESSING rows whose claim lapsed: lease passed, or no lease at all (claimed_until NULL, §3 v3).
+# STATS — counts by status (any status another service wrote, by its own name), due NEW rows,
+# PROCESSING rows whose claim lapsed: lease passed, or no lease at all (claimed_until NULL, §3 v3), and
+# rows another service made wait forever (next_attempt_at or claimed_until 'infinity').
 STATS = sa.text(
     """
 SELECT status,
        count(*) AS n,
        count(*) FILTER (WHERE status = 'NEW' AND next_attempt_at <= now()) AS due,
-       count(*) FILTER (WHERE status = 'PROCESSING' AND (claimed_until < now() OR claimed_until IS NULL)) AS stuck
+       count(*) FILTER (WHERE status = 'PROCESSING' AND (claimed_until < now() OR claimed_until IS NULL)) AS stuck,
+       count(*) FILTER (WHERE (status = 'NEW' AND next_attempt_at = 'infinity')
+                           OR (status = 'PROCESSING' AND claimed_until = 'infinity')) AS never_due
   FROM payments
  GROUP BY status
 """
