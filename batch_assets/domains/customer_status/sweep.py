@@ -206,9 +206,17 @@ class CustomerStatusSweep(SweepDefinition):
 
     def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
         changes = [o.change for o in changed]
-        rows, events, triggers, conflicts = conn.execute(
-            sql.WRITE_PAGE, {name: [c[i] for c in changes] for i, name in enumerate(_WRITE_PARAMS)}
-        ).one()
+        params: dict[str, Any] = {name: [c[i] for c in changes] for i, name in _WRITE_ARRAYS}
+        # The values read go back as one bytea and their offsets: WRITE_PAGE compares each row's whole value.
+        offsets: list[int | None] = []
+        position = 1
+        for change in changes:
+            blob = change[1]
+            offsets.append(None if blob is None else position)
+            position += 0 if blob is None else len(blob)
+        params["old_offsets"] = offsets
+        params["old_dobs"] = b"".join(c[1] for c in changes if c[1] is not None)
+        rows, events, triggers, conflicts = conn.execute(sql.WRITE_PAGE, params).one()
         return WriteCounts(int(rows), int(events), conflicts=int(conflicts), triggers=int(triggers))
 
 
@@ -222,9 +230,11 @@ def _uuid(value: Any) -> uuid.UUID | None:
         return None
 
 
-_WRITE_PARAMS = ("ids", "old_blobs", "old_lengths", "old_categories", "old_dates", "old_failures",
-                 "new_categories", "new_dates", "failures", "trigger_dates")
-"""WRITE_PAGE's array parameters, in the order of a change tuple (`_change`)."""
+_WRITE_ARRAYS = tuple((i, name) for i, name in enumerate(
+    ("ids", None, "old_lengths", "old_categories", "old_dates", "old_failures", "new_categories", "new_dates",
+     "failures", "trigger_dates")) if name is not None)
+"""WRITE_PAGE's array parameters by their place in a change tuple (`_change`); the values read (place 1) go as
+one bytea (`old_dobs`, `old_offsets`)."""
 
 
 def _change(row: Any, new_category: str | None, new_review: date | None, failure: str | None,
