@@ -359,3 +359,24 @@ def test_injected_hostile_rows_are_what_their_kind_says(engine: sa.Engine, db_ur
         assert (got if isinstance(got, str) else "computed") == r.expected, (r.kind, r.variant)
         assert cat == r.category == {"new": None, "edited": "ADULT", "preset": "ADULT"}[r.variant]
         assert (nrd is None) == (r.variant != "preset")
+
+
+def test_report_tables_show_stale_rows_and_each_hostile_kind() -> None:
+    """The fault table has a stale column; the hostile table has one line per kind, FAIL when any fault saw it fail."""
+    from faults.campaign import FaultResult, FaultSpec
+    from faults.report import fault_table, hostile_table
+
+    first, second = (FaultResult(FaultSpec("sweep", "hostile", "full"), seed=i, injected=True, recovered=True)
+                     for i in (1, 2))
+    first.report.add("stale", "a row holds the result of its old date of birth")
+    first.report.stale_rows.add(uuid.uuid4())
+    for res, ok in ((first, True), (second, False)):
+        outcome = checker.HostileOutcome("' 990-01-01'", "invalid_value")
+        outcome.see("due, category kept" if ok else "NOT due, category None -> SENIOR", ok, "new")
+        res.hostile = {outcome.kind: outcome}
+    table = fault_table([first, second])
+    assert table[0].split(" | ")[4] == "stale" and table[2].split(" | ")[4] == "1"
+    line = hostile_table([first, second])[2]
+    assert line.startswith("| customer | ' 990-01-01' | counted as `invalid_value`")
+    assert "due, category kept (new); NOT due, category None -> SENIOR (new)" in line
+    assert line.endswith("| 2 | **FAIL** |") and second.outcome == "FAIL" and first.outcome == "FAIL"
