@@ -154,7 +154,8 @@ QUEUE_STATE = (
 # A PROCESSING row without a lease (claimed_until NULL) counts as due since its next_attempt_at.
 # A time another service wrote as '-infinity' counts as 100 years ago (infinite times cannot be subtracted).
 OLDEST_DUE_S = """
-SELECT coalesce(extract(epoch FROM now() - greatest(t, now() - interval '100 years')), 0)::float8
+SELECT CASE WHEN t IS NULL THEN 0  -- (greatest() would skip the NULL)
+            ELSE extract(epoch FROM now() - greatest(t, now() - interval '100 years')) END::float8
   FROM (SELECT least(
            (SELECT min(next_attempt_at) FROM payments WHERE status = 'NEW' AND next_attempt_at <= now()),
            (SELECT min(claimed_until) FROM payments WHERE status = 'PROCESSING' AND claimed_until < now()),
