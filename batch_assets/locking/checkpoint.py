@@ -156,7 +156,9 @@ class CheckpointStore:
                 # one may be a previous run's, so it is read again (always safe).
                 conn.execute(
                     sa.update(_t).where(_t.c.sweep == sweep, _t.c.mode == mode)
-                    .values(generation=generation, status=sa.case((_t.c.status == DONE, PLANNED), else_=_t.c.status))
+                    .values(generation=generation,
+                            cursor=sa.case((_t.c.status == DONE, sa.null()), else_=_t.c.cursor),
+                            status=sa.case((_t.c.status == DONE, PLANNED), else_=_t.c.status))
                 )
                 return Generation(generation, resumed=True)
             if unfinished:

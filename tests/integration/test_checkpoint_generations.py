@@ -193,6 +193,26 @@ def test_a_delta_is_one_range_of_its_own_generation(engine: sa.Engine, cipher: D
                        run_date=RUN_DATE).resumed
 
 
+def test_checkpoints_saved_without_a_plan_resume_their_unfinished_ranges_only(
+    engine: sa.Engine, cipher: DobCipher, seeded: int
+) -> None:
+    """Checkpoints of runs without a plan (the engine on its own, or before generations existed): the plan resumes
+    the unfinished ones, but reads a DONE one again, since it may be an earlier run's."""
+    store = CheckpointStore(engine)
+    assert _sweep(engine, cipher, store, RANGES[0]).status == "SUCCESS"
+    stop, progress = _stop_after(2)
+    stopped = _sweep(engine, cipher, store, RANGES[1], stop=stop, progress=progress)
+    for r in RANGES[2:]:
+        store.save("customer_status", "full", r.key, cursor=None, fingerprint=FINGERPRINT, run_id="run-x",
+                   run_date=RUN_DATE, counters={})
+    assert {c.generation for c in store.list("customer_status")} == {None}
+    planned = _begin(store)
+    results = [_sweep(engine, cipher, planned, r) for r in RANGES]
+    assert results[0].scanned == _in_range(engine, RANGES[0]) and results[0].resumed_from is None
+    assert results[1].resumed_from == stopped.last_cursor
+    assert _uncomputed(engine) == 0
+
+
 # --- corrupt checkpoints (written by another connection) -----------------------------------------
 
 BEYOND = str(uuid.UUID(int=RANGES[1].hi.int + 1))  # the first key of range 3: past range 2's end
