@@ -875,14 +875,14 @@ $$""")
         proc = self.product.start(*args, env=self.env_for(db))  # type: ignore[union-attr]
         probe = Probe(self.pg, db, "SELECT count(*) FROM subscriptions WHERE status <> 'ACTIVE'")
         already = sum(1 for s in baseline.subscription_status.values() if s != "ACTIVE")
-        target = already + max(1, int(due * spec.at))
+        target = already + max(1, int((due or 0) * spec.at))
         t_fault = time.monotonic()
         ok, seen = wait_progress(probe, target, [proc], timeout=240)
         probe.close()
         if ok:
             t_fault = time.monotonic()
             res.injected = True
-            res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {seen - already:,}/{due:,} expired"
+            res.injected_note = f"{self.inject(spec.fault, [proc], db)} at {(seen or 0) - already:,}/{due:,} expired"
         else:
             res.injected_note = f"not injected: the job ended first ({(seen or 0) - already} of {due})"
         faulted, faulted_end = self._finish_faulted(proc, res)
@@ -921,7 +921,7 @@ $$""")
         proc = self.product.start(*args, env=self.env_for(db, redis=redis))  # type: ignore[union-attr]
         probe = Probe(self.pg, db, "SELECT count(*) FROM outbox_events WHERE status = 'SENT'")
         t_fault = time.monotonic()
-        ok, seen = wait_progress(probe, max(1, int(total * spec.at)), [proc], timeout=240)
+        ok, seen = wait_progress(probe, max(1, int((total or 0) * spec.at)), [proc], timeout=240)
         probe.close()
         lost_with_sink: set[int] = set()
         if ok:

@@ -13,7 +13,13 @@ What is checked, against a `Baseline` taken before the fault:
 - payments: every one DONE, and DONE once (the campaign's audit trigger logs every
   write of DONE), at most 2 accepted POSTs per Idempotency-Key at the stub;
 - subscriptions all-or-nothing: EXPIRED ⇒ no enrollments, ACTIVE/FAILED ⇒ the
-  enrollments it had.
+  enrollments it had;
+- beside other writers (CONTRACT §3): no row *stale* (not due, holding the result of a date of
+  birth it no longer has); with the campaign's write log, every write of the product is the rule
+  applied to the ciphertext the row held as it was written, and the triggers and events are those
+  of the logged writes;
+- hostile rows: each kind's named outcome (`hostile_customer_outcomes`, `hostile_payment_outcomes`,
+  `expected_failures` for the counts a run must report).
 """
 
 from __future__ import annotations
@@ -172,8 +178,8 @@ def take_baseline(conn: sa.Connection, *, with_blobs: bool = False) -> Baseline:
         b.categories[cid] = cat
         if with_blobs:
             b.blobs[cid] = None if blob is None else bytes(blob)
-    b.trigger_max_id = int(conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM review_triggers").scalar())
-    b.outbox_max_id = int(conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM outbox_events").scalar())
+    b.trigger_max_id = int(conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM review_triggers").scalar() or 0)
+    b.outbox_max_id = int(conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM outbox_events").scalar() or 0)
     for sid, status, n in conn.exec_driver_sql(
         "SELECT s.id, s.status, count(e.id) FROM subscriptions s LEFT JOIN enrollments e ON e.subscription_id = s.id "
         "GROUP BY s.id, s.status"
