@@ -88,12 +88,13 @@ def test_rows_without_a_lease_inserted_while_a_resident_worker_runs_are_processe
     engine: sa.Engine, db_url: str
 ) -> None:
     """Another connection inserts PROCESSING rows with claimed_until NULL (one with attempts past the maximum)
-    while a resident worker runs: each gets one call and is DONE, none is FAILED as 'claim lapsed repeatedly'."""
+    while a resident worker runs: the insert wakes it (notification), each gets one call and is DONE, none is
+    FAILED as 'claim lapsed repeatedly'."""
     queue.enqueue(engine, 20, seed=41)
     handler_fn = Recorder()
     stop = threading.Event()
     out: list[Any] = []
-    settings = QueueSettings.build(concurrency=4, max_attempts=3, poll_interval_s=0.2)
+    settings = QueueSettings.build(concurrency=4, max_attempts=3, poll_interval_s=5)
     worker = threading.Thread(target=lambda: out.append(
         run_worker(engine, settings, handler=PluginHandler(handler_fn, concurrency=4), stop=stop, drain=False)))
     worker.start()
@@ -111,6 +112,7 @@ def test_rows_without_a_lease_inserted_while_a_resident_worker_runs_are_processe
     assert not worker.is_alive()
     [result] = out
     assert result.failed == 0 and result.status == "SUCCESS", result
+    assert result.claimed_after["notify"] >= 1, result  # woken by the inserts (migration 0006), not the poll
     assert [handler_fn.count(o) for o in orphans] == [1, 1]
     rows = _rows(engine)
     assert [rows[o].attempts for o in orphans] == [1, 10]
