@@ -163,7 +163,8 @@ SELECT CASE WHEN t IS NULL THEN 0  -- (greatest() would skip the NULL)
        ) AS t) AS oldest
 """
 
-# LISTEN_DUE — the channel the payments_notify_due triggers notify (migration 0002).
+# LISTEN_DUE — the channel the payments_notify_due triggers notify (migrations 0002 and 0006: due NEW
+# rows, and PROCESSING rows without a lease).
 DUE_CHANNEL = "batch_assets_payments_due"
 LISTEN_DUE = "LISTEN batch_assets_payments_due"
 
