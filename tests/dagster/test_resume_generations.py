@@ -123,3 +123,27 @@ def test_a_range_that_finished_before_the_others_started_is_not_read_again(
     assert resumed.summary["scanned"] == seeded - _count(engine, RANGES[0].lo, RANGES[0].hi)
     assert resumed.summary["resumed_from"] == {RANGES[0].key: "finished"}
     _settled(dagster_env, engine, seeded)
+
+
+def test_a_corrupt_checkpoint_of_a_resumed_generation_starts_that_range_over(
+    dagster_env: Settings, engine: sa.Engine, seeded: int
+) -> None:
+    """Range 2's checkpoint is overwritten with garbage by another connection after its run failed: the next run
+    reads range 2 from its start (no read fails on the cursor), skips the finished ranges and ends SUCCESS."""
+    second = RANGES[1]
+    _break(engine, "60000000-0000-0000-0000-000000000000", second.hi)
+    assert launch_job("customer_status_sweep_job", CONFIG, settings=dagster_env).dagster_status == "FAILURE"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(UNBREAK)
+        assert conn.execute(sa.text(
+            "UPDATE ba_checkpoints SET cursor = CAST(:c AS jsonb) WHERE mode = 'full' AND range_key = :k "
+            "AND status = 'RUNNING'"
+        ), {"c": '"not-a-key"', "k": second.key}).rowcount == 1
+
+    resumed = launch_job("customer_status_sweep_job", CONFIG, settings=dagster_env)
+    assert resumed.summary["status"] == "SUCCESS", resumed.summary
+    ranges = _ranges(engine, resumed.run_id)
+    assert ranges[second.key]["scanned"] == _count(engine, second.lo, second.hi)
+    assert ranges[second.key]["resumed_from"] is None
+    assert [ranges[r.key]["scanned"] for r in RANGES if r != second] == [0, 0, 0]
+    _settled(dagster_env, engine, seeded)

@@ -247,6 +247,7 @@ def test_a_corrupt_full_checkpoint_starts_its_range_over(
     assert result.scanned == _in_range(engine, RANGES[1]) > 0
     assert _in_range(engine, RANGES[1], uncomputed=True) == 0
     assert any("starting the range over" in r.getMessage() for r in caplog.records)
+    assert _sweep(engine, cipher, CheckpointStore(engine), RANGES[1]).changed == 0  # every row is right
 
 
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -268,6 +269,7 @@ def test_a_corrupt_delta_checkpoint_starts_over_without_printing_its_date(
     assert result.status == "SUCCESS" and result.scanned == seeded and _uncomputed(engine) == 0
     warnings = [r.getMessage() for r in caplog.records if "starting the range over" in r.getMessage()]
     assert len(warnings) == 1 and not ISO_DATE.search(warnings[0].replace(str(RUN_DATE), ""))
+    assert _sweep(engine, cipher, CheckpointStore(engine), None).changed == 0  # a full sweep finds every row right
 
 
 def test_a_valid_delta_checkpoint_is_resumed_and_shown_by_id_only(
