@@ -76,10 +76,11 @@ class RowOutcome:
 
     `change` is the definition's own write payload (None when nothing is to be
     written); `failure` is a failure kind or None. A failed row may still carry a
-    `change` when the definition must keep it due (e.g. clear a future date).
+    `change` when the definition must keep it due (e.g. clear a future date, record
+    the kind); the runner holds such writes back while the page may trip the breaker.
     """
 
-    __slots__ = ("change", "failure", "decrypted", "known", "record_only")
+    __slots__ = ("change", "failure", "decrypted", "known")
 
     def __init__(
         self,
@@ -87,15 +88,12 @@ class RowOutcome:
         failure: str | None = None,
         decrypted: int = 0,
         known: bool = False,
-        record_only: bool = False,
     ) -> None:
         self.change = change
         self.failure = failure
         self.decrypted = decrypted
         self.known = known
         """The row failed the same way on its previous evaluation: counted, but not as systemic."""
-        self.record_only = record_only
-        """The change of a failed row only records the failure (nothing the row needs to stay due)."""
 
 
 UNCHANGED = RowOutcome()

@@ -191,8 +191,7 @@ class CustomerStatusSweep(SweepDefinition):
         new_review = next_review if next_review is None or next_review <= self.run_date else None
         if known and new_review == next_review:
             return RowOutcome(None, kind, decrypted, known)
-        return RowOutcome(_change(row, category, new_review, kind, None), kind, decrypted, known,
-                          record_only=new_review == next_review)
+        return RowOutcome(_change(row, category, new_review, kind, None), kind, decrypted, known)
 
     # Writing ---------------------------------------------------------------
 
