@@ -178,9 +178,9 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         "",
         "## Writers beside the jobs",
         "",
-        f"The concurrent writer made {sum(r.edits for r in results):,} edits of `encrypted_dob` while sweeps ran "
-        f"(about {EDIT_RATE} a second, on a connection of its own, each a valid ciphertext of another date). A row is",
-        "`stale` when it is not due and holds the category and `next_review_date` of a date of birth it no longer",
+        f"The concurrent writer made {sum(r.edits for r in results):,} edits of `encrypted_dob` while sweeps ran",
+        f"(about {EDIT_RATE} a second, on a connection of its own, each a valid ciphertext of another date). A row",
+        "is `stale` when it is not due and holds the category and `next_review_date` of a date of birth it no longer",
         "has, or when a write of the product was computed from one (the campaign's trigger logs the ciphertext each",
         "written row held). After the run and one delta every row must be the rule applied to its current date of",
         "birth, and the review triggers and outbox events must be exactly those of the transitions written.",
