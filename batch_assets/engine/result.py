@@ -142,9 +142,12 @@ class SweepResult:
     conflicts: int = 0
     """Rows another writer changed between this run's read and its write: not written, left due."""
     resumed_from: Any = None
+    """Where the range resumed, in the definition's display form (`display_cursor`; "finished" for a range
+    that finished earlier in the run's checkpoint generation), or None. Never the raw checkpoint cursor."""
     duration_s: float = 0.0
     stopped_reason: str | None = None
     last_cursor: Any = None
+    """The low watermark reached, in the definition's display form (the checkpoint keeps the real cursor)."""
     extra: dict[str, int] = field(default_factory=dict)
     """The definition's own counters (`WriteCounts.extra`), e.g. rows deleted with the changed ones."""
     retries: int = 0
