@@ -10,7 +10,6 @@ from __future__ import annotations
 import dagster as dg
 
 from batch_assets.orchestration import registry
-from batch_assets.orchestration.resources import default_resources
 from batch_assets.settings import automation_enabled, load_settings
 
 
@@ -18,12 +17,13 @@ from batch_assets.settings import automation_enabled, load_settings
 def defs() -> dg.Definitions:
     """Assets, checks, jobs, schedules, sensors and resources of every registered job."""
     running = automation_enabled()
+    settings = load_settings()
     return dg.Definitions(
         assets=registry.assets(),
         asset_checks=registry.asset_checks(),
         jobs=[*registry.op_jobs(), *registry.asset_jobs(), registry.asset_checks_job,
               registry.business_tables_observation_job],
-        schedules=registry.schedules(load_settings().timezone, running=running),
+        schedules=registry.schedules(settings.timezone, running=running),
         sensors=registry.sensors(running=running),
-        resources=default_resources(),
+        resources=registry.resources(settings),
     )

@@ -25,11 +25,27 @@ DAGSTER_PG_URL_VAR = "BATCH_ASSETS_DAGSTER_PG_URL"
 TEST_DATABASE_URL_VAR = "BATCH_ASSETS_TEST_DATABASE_URL"
 AUTOMATION_VAR = "BATCH_ASSETS_AUTOMATION"
 RUN_DATE_WINDOW_VAR = "BATCH_ASSETS_RUN_DATE_WINDOW_DAYS"
+OUTBOX_SINK_VAR = "BATCH_ASSETS_OUTBOX_SINK"
 
 DEFAULT_RUN_DATE_WINDOW_DAYS = 366
 MAX_RUN_DATE_WINDOW_DAYS = 36_500
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 HTTP_SCHEMES = ("http", "https")
+OUTBOX_SINK_SCHEMES = {"redis": "redis", "rediss": "redis", "unix": "redis", "amqp": "amqp", "amqps": "amqp",
+                       "nats": "nats", "tls": "nats"}
+"""URL scheme → outbox sink kind (besides `file:PATH`)."""
+
+
+@dataclass(frozen=True)
+class OutboxSinkTarget:
+    """What BATCH_ASSETS_OUTBOX_SINK names: the kind (file, redis, amqp, nats) and its path or URL."""
+
+    kind: str
+    location: str
+
+    def __repr__(self) -> str:  # a URL may carry a password
+        shown = f", {self.location!r}" if self.kind == "file" else ""
+        return f"OutboxSinkTarget({self.kind!r}{shown})"
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,8 @@ class Settings:
     home: Path
     run_date_window_days: int = DEFAULT_RUN_DATE_WINDOW_DAYS
     """A run date further than this from today needs an explicit `allow_distant_run_date`."""
+    outbox_sink: OutboxSinkTarget | None = None
+    """The relay's sink (load_settings always sets it; None only in Settings built by hand = the default file)."""
 
     @property
     def embedded(self) -> bool:
@@ -78,7 +96,45 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         timezone=_get(env, TIMEZONE_VAR) or "UTC",
         home=home,
         run_date_window_days=_window_days(_get(env, RUN_DATE_WINDOW_VAR)),
+        outbox_sink=check_outbox_sink(env.get(OUTBOX_SINK_VAR), home),
     )
+
+
+def check_outbox_sink(value: str | None, home: Path) -> OutboxSinkTarget:
+    """The sink BATCH_ASSETS_OUTBOX_SINK names (CONTRACT §1); unset = `file:<home>/outbox.jsonl`.
+
+    Set but empty, an unknown scheme, a URL without a host or `file:` without a path is a ConfigError
+    naming the variable (the message never repeats the value: a URL may carry a password).
+    """
+    if value is None:
+        return OutboxSinkTarget("file", str(home / "outbox.jsonl"))
+    text = value.strip()
+    if not text:
+        raise ConfigError("is empty: unset it for the default file sink, or give file:PATH or a redis://, "
+                          "amqp:// or nats:// URL", field=OUTBOX_SINK_VAR)
+    if text.startswith("file:"):
+        path = text[len("file:"):]
+        path = path[2:] if path.startswith("//") else path
+        if not path.strip() or "\x00" in path:
+            raise ConfigError("file: needs a path (file:PATH)", field=OUTBOX_SINK_VAR)
+        return OutboxSinkTarget("file", str(Path(path).expanduser().resolve()))
+    try:
+        parsed = urlsplit(text)
+        port = parsed.port  # raises ValueError for a port that is not a number in range
+    except ValueError:
+        raise ConfigError("is not a valid URL", field=OUTBOX_SINK_VAR) from None
+    kind = OUTBOX_SINK_SCHEMES.get(parsed.scheme.lower())
+    if kind is None:
+        raise ConfigError(f"must be file:PATH or a redis://, amqp:// or nats:// URL, got scheme "
+                          f"{parsed.scheme or '(none)'!r}", field=OUTBOX_SINK_VAR)
+    if parsed.scheme == "unix":
+        if not parsed.path:
+            raise ConfigError("a unix:// URL needs a socket path", field=OUTBOX_SINK_VAR)
+    elif not parsed.hostname:
+        raise ConfigError("has no host", field=OUTBOX_SINK_VAR)
+    if any(ch.isspace() for ch in text) or port == 0:
+        raise ConfigError("is not a valid URL", field=OUTBOX_SINK_VAR)
+    return OutboxSinkTarget(kind, text)
 
 
 def check_url(name: str, value: str | None, schemes: tuple[str, ...]) -> str | None:

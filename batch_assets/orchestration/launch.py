@@ -98,12 +98,13 @@ def get_job(job_name: str) -> dg.JobDefinition:
 
     Resources are built at call time, so they follow this process's environment.
     """
-    from batch_assets.orchestration.resources import default_resources
+    from batch_assets.orchestration.registry import resources
+    from batch_assets.settings import load_settings
 
     jobs = [job for job in op_jobs() if job.name == job_name]
     if not jobs:
         raise ConfigError(f"unknown job {job_name!r}", field="job")
-    return dg.Definitions(jobs=jobs, resources=default_resources()).resolve_job_def(job_name)
+    return dg.Definitions(jobs=jobs, resources=resources(load_settings())).resolve_job_def(job_name)
 
 
 def validated_config(job_name: str, config: JobConfig | Mapping[str, Any] | None) -> tuple[JobConfig, Any]:

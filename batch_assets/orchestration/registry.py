@@ -23,7 +23,7 @@ from batch_assets.domains.subscriptions.dagster import SPEC as SUBSCRIPTION_EXPI
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import schedule_status, sensor_status
 from batch_assets.orchestration.spec import JobSpec
-from batch_assets.settings import load_settings
+from batch_assets.settings import Settings, load_settings
 
 SPECS: tuple[JobSpec, ...] = (
     CUSTOMER_STATUS,
@@ -97,6 +97,17 @@ def asset_checks_after_run(context: dg.RunStatusSensorContext) -> dg.RunRequest:
     return dg.RunRequest(run_key=f"checks-after:{context.dagster_run.run_id}")
 
 
+def resources(settings: Settings) -> dict[str, Any]:
+    """The resources every job shares plus each job's own (e.g. the outbox sink), chosen from `settings`."""
+    from batch_assets.orchestration.resources import default_resources
+
+    chosen = default_resources()
+    for spec in SPECS:
+        if spec.resources is not None:
+            chosen.update(spec.resources(settings))
+    return chosen
+
+
 def schedules(timezone: str, *, running: bool) -> list[dg.ScheduleDefinition]:
     """Every job's schedules, in `timezone`, RUNNING or STOPPED by default."""
     status = schedule_status(running)
@@ -122,5 +133,5 @@ def sensors(*, running: bool) -> list[dg.SensorDefinition]:
     ]
 
 
-__all__ = ["SPECS", "asset_checks", "asset_checks_job", "asset_jobs", "assets", "op_jobs", "schedules", "sensors",
-           "spec_for"]
+__all__ = ["SPECS", "asset_checks", "asset_checks_job", "asset_jobs", "assets", "op_jobs", "resources", "schedules",
+           "sensors", "spec_for"]

@@ -46,6 +46,9 @@ class JobSpec:
     """The op mapped over cursor ranges: an unfinished step of it is an unfinished range."""
     merge_records: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None
     """Merges the per-range summaries of a run whose summary op never ran."""
+    resources: Callable[[Settings], Mapping[str, Any]] | None = None
+    """(settings) → the job's own resources, chosen by the environment when the code location loads
+    (e.g. the outbox sink); keyed by the op parameter names."""
 
     @property
     def name(self) -> str:

@@ -11,7 +11,8 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from batch_assets.domains.outbox.relay import JsonLinesSink, OutboxEvent, RedisStreamSink, make_sink, relay_outbox
+from batch_assets.domains.outbox.relay import OutboxEvent, relay_outbox
+from batch_assets.domains.outbox.sinks import JsonLinesSink, RedisStreamSink, make_sink
 from batch_assets.errors import ConfigError
 from batch_assets.settings import load_settings
 
@@ -59,7 +60,7 @@ class FailingSink:
         self.accept = accept
         self.received: list[int] = []
 
-    def send(self, events: Sequence[OutboxEvent]) -> None:
+    def send_batch(self, events: Sequence[OutboxEvent]) -> None:
         if self.accept == 0:
             raise ConnectionError("sink down")
         self.accept -= 1
@@ -128,10 +129,12 @@ def test_redis_stream_sink_adds_one_entry_per_event(engine: sa.Engine) -> None:
 
 
 def test_make_sink_and_batch_size_validation(engine: sa.Engine, tmp_path: Path) -> None:
-    """make_sink picks Redis when a URL is set, else <home>/outbox.jsonl; a bad batch size is ConfigError."""
-    file_sink = make_sink(load_settings({"BATCH_ASSETS_HOME": str(tmp_path)}))
+    """BATCH_ASSETS_OUTBOX_SINK=redis:// picks Redis; unset is <home>/outbox.jsonl even with the lock's Redis URL set;
+    a bad batch size is ConfigError."""
+    home = {"BATCH_ASSETS_HOME": str(tmp_path), "BATCH_ASSETS_REDIS_URL": REDIS_URL}
+    file_sink = make_sink(load_settings(home).outbox_sink)  # type: ignore[arg-type]
     assert isinstance(file_sink, JsonLinesSink) and file_sink.path == tmp_path.resolve() / "outbox.jsonl"
-    redis_sink = make_sink(load_settings({"BATCH_ASSETS_HOME": str(tmp_path), "BATCH_ASSETS_REDIS_URL": REDIS_URL}))
+    redis_sink = make_sink(load_settings({**home, "BATCH_ASSETS_OUTBOX_SINK": REDIS_URL}).outbox_sink)  # type: ignore[arg-type]
     assert isinstance(redis_sink, RedisStreamSink)
     redis_sink.close()
     with pytest.raises(ConfigError) as info:
@@ -153,7 +156,7 @@ class RecordingSink:
         self.received: list[int] = []
         self.during_send = during_send
 
-    def send(self, events: Sequence[OutboxEvent]) -> None:
+    def send_batch(self, events: Sequence[OutboxEvent]) -> None:
         if self.during_send is not None:
             hook, self.during_send = self.during_send, None
             hook()

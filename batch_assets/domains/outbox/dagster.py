@@ -20,8 +20,16 @@ from batch_assets.domains.outbox.relay import (
     RelaySettings,
     backlog,
     follow_outbox,
-    make_sink,
     relay_outbox,
+)
+from batch_assets.domains.outbox.sinks import (
+    DEFAULT_NATS_STREAM,
+    DEFAULT_STREAM,
+    JsonLinesSink,
+    NatsJetStreamSink,
+    RabbitMQSink,
+    RedisStreamSink,
+    Sink,
 )
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import LockNotAcquired
@@ -41,7 +49,7 @@ from batch_assets.orchestration.ops import (
 )
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
 from batch_assets.orchestration.spec import JobSpec
-from batch_assets.settings import load_settings
+from batch_assets.settings import OUTBOX_SINK_VAR, Settings, load_settings
 from batch_assets.shutdown import STOP
 
 OUTBOX_RELAY_JOB_KEY = "outbox_relay"
@@ -90,6 +98,77 @@ class OutboxRelayConfig(JobConfig):
         return RelayPlan(follow=self.follow, follow_seconds=self.follow_seconds or None, engine=engine)
 
 
+# --- sinks (one resource class per broker; BATCH_ASSETS_OUTBOX_SINK picks one in the definitions) -----------
+
+
+class OutboxSinkResource(dg.ConfigurableResource):
+    """Where the relay sends: `open_sink(timeout_s)` gives a Sink whose `send_batch` returns only once every
+    event was confirmed."""
+
+    def open_sink(self, timeout_s: float) -> Sink:
+        raise NotImplementedError
+
+
+class FileSinkResource(OutboxSinkResource):
+    """A JSON-lines file, fsynced per batch (BATCH_ASSETS_OUTBOX_SINK=file:PATH, or unset)."""
+
+    path: str | None = Field(default=None, description="The file. Unset: <BATCH_ASSETS_HOME>/outbox.jsonl.")
+
+    def open_sink(self, timeout_s: float) -> Sink:
+        sink = load_settings().outbox_sink if self.path is None else None
+        return JsonLinesSink(self.path or (sink.location if sink else "outbox.jsonl"))
+
+
+class RedisSinkResource(OutboxSinkResource):
+    """A Redis stream, one entry per event with its id (BATCH_ASSETS_OUTBOX_SINK=redis://...)."""
+
+    url: str = Field(description="Redis URL (EnvVar BATCH_ASSETS_OUTBOX_SINK).")
+    stream: str = Field(default=DEFAULT_STREAM, description="The stream events are XADDed to.")
+
+    def open_sink(self, timeout_s: float) -> Sink:
+        return RedisStreamSink(self.url, self.stream, timeout_s=timeout_s)
+
+
+class RabbitMQSinkResource(OutboxSinkResource):
+    """RabbitMQ with publisher confirms, message_id = the event id (BATCH_ASSETS_OUTBOX_SINK=amqp://...)."""
+
+    url: str = Field(description="AMQP URL (EnvVar BATCH_ASSETS_OUTBOX_SINK).")
+    exchange: str = Field(default=DEFAULT_STREAM, description="Durable topic exchange, declared when missing.")
+    queue: str = Field(default=DEFAULT_STREAM, description="Durable queue bound to the exchange, declared when "
+                       "missing; empty: declare none (consumers bind their own).")
+    routing_key: str = Field(default="", description="Routing key of every message. Empty: the event type.")
+    binding_key: str = Field(default="#", description="The queue's binding to the exchange.")
+
+    def open_sink(self, timeout_s: float) -> Sink:
+        return RabbitMQSink(self.url, exchange=self.exchange, queue=self.queue, routing_key=self.routing_key or None,
+                            binding_key=self.binding_key, timeout_s=timeout_s)
+
+
+class NatsSinkResource(OutboxSinkResource):
+    """NATS JetStream, header Nats-Msg-Id = the event id, every PubAck awaited (BATCH_ASSETS_OUTBOX_SINK=nats://...)."""
+
+    url: str = Field(description="NATS URL (EnvVar BATCH_ASSETS_OUTBOX_SINK).")
+    stream: str = Field(default=DEFAULT_NATS_STREAM, description="The JetStream stream, created when missing.")
+    subject: str = Field(default=DEFAULT_STREAM, description="Subject prefix: events go to <subject>.<event type>; "
+                         "a stream created here holds <subject>.>.")
+
+    def open_sink(self, timeout_s: float) -> Sink:
+        return NatsJetStreamSink(self.url, stream=self.stream, subject=self.subject, timeout_s=timeout_s)
+
+
+def sink_resources(settings: Settings) -> dict[str, OutboxSinkResource]:
+    """The sink resource BATCH_ASSETS_OUTBOX_SINK names (checked by load_settings); a URL reaches it as an EnvVar."""
+    target = settings.outbox_sink
+    if target is None or target.kind == "file":
+        return {"outbox_sink": FileSinkResource(path=target.location if target else None)}
+    url: Any = dg.EnvVar(OUTBOX_SINK_VAR)
+    if target.kind == "redis":
+        return {"outbox_sink": RedisSinkResource(url=url)}
+    if target.kind == "amqp":
+        return {"outbox_sink": RabbitMQSinkResource(url=url)}
+    return {"outbox_sink": NatsSinkResource(url=url)}
+
+
 # --- op and job ----------------------------------------------------------------------------
 
 
@@ -125,13 +204,14 @@ def relay_outbox_events(
     config: OutboxRelayConfig,
     database: DatabaseResource,
     job_lock: JobLockResource,
+    outbox_sink: OutboxSinkResource,
 ) -> dict:
     """Send PENDING outbox events to the sink and mark them SENT, one relay at a time (job lock)."""
 
     started_at = utcnow()
     plan = validated_plan(config)
     engine = database.get_engine()
-    sink = make_sink(load_settings(), timeout_s=plan.engine.send_timeout_s)
+    sink = outbox_sink.open_sink(plan.engine.send_timeout_s)
     try:
         with stop_on_interrupt(), job_guard(
             engine, job_key=OUTBOX_RELAY_JOB_KEY, run_id=context.run_id, settings=RELAY_GUARD,
@@ -152,9 +232,7 @@ def relay_outbox_events(
         summary = empty_summary(SKIPPED, context.run_id, reason=str(exc))
         return finish(context, engine, summary=summary, started_at=started_at)
     finally:
-        close = getattr(sink, "close", None)
-        if close is not None:
-            close()
+        sink.close()
     summary = finish(context, engine, summary=_relay_summary(outcome, context.run_id, follow=plan.follow),
                      started_at=started_at)
     pending, oldest_s = backlog(engine)
@@ -251,4 +329,5 @@ SPEC = JobSpec(
     config_op="relay_outbox_events",
     asset_checks=[outbox_backlog],
     schedules=build_schedules,
+    resources=sink_resources,
 )

@@ -23,28 +23,24 @@ off exponentially and never end the follow loop; a stop event does.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.pool import PoolProxiedConnection
 
 from batch_assets.db.engine import driver_connection
 from batch_assets.domains.outbox import sql
+from batch_assets.domains.outbox.sinks import Sink, SinkNotConfirmed
 from batch_assets.errors import ConfigError
-from batch_assets.settings import Settings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_STREAM = "batch_assets.outbox"
 MAX_BATCH = 10_000
 NOTIFY_CHANNEL = "batch_assets_outbox"
 
@@ -66,74 +62,6 @@ class OutboxEvent:
             "payload": self.payload,
             "created_at": self.created_at.isoformat(),
         }
-
-
-class Sink(Protocol):
-    def send(self, events: Sequence[OutboxEvent]) -> None:
-        """Deliver the batch durably or raise, within the sink's own timeout; returning means accepted."""
-
-
-class JsonLinesSink:
-    """Appends one JSON object per event to a file, flushed and fsynced before returning."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def send(self, events: Sequence[OutboxEvent]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = "".join(json.dumps(e.to_message(), separators=(",", ":")) + "\n" for e in events)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(lines)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def __repr__(self) -> str:
-        return f"JsonLinesSink({str(self.path)!r})"
-
-
-class RedisStreamSink:
-    """XADDs one entry per event to a Redis stream, the batch in one pipeline round trip.
-
-    `timeout_s` bounds connecting and every reply: a Redis that hangs fails the send instead of
-    stalling the relay.
-    """
-
-    def __init__(self, redis_url: str, stream: str = DEFAULT_STREAM, *, timeout_s: float = 10.0) -> None:
-        import redis
-
-        self.stream = stream
-        self._client = redis.Redis.from_url(
-            redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
-        )
-
-    def send(self, events: Sequence[OutboxEvent]) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        for e in events:
-            pipe.xadd(
-                self.stream,
-                {
-                    "id": str(e.id),
-                    "idempotency_key": str(e.id),
-                    "aggregate_id": e.aggregate_id,
-                    "event_type": e.event_type,
-                    "payload": json.dumps(e.payload, separators=(",", ":")),
-                    "created_at": e.created_at.isoformat(),
-                },
-            )
-        pipe.execute()
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __repr__(self) -> str:  # the URL may hold a password
-        return f"RedisStreamSink(stream={self.stream!r})"
-
-
-def make_sink(settings: Settings, *, timeout_s: float = 10.0) -> Sink:
-    """The Redis stream when BATCH_ASSETS_REDIS_URL is set, else <home>/outbox.jsonl."""
-    if settings.redis_url:
-        return RedisStreamSink(settings.redis_url, timeout_s=timeout_s)
-    return JsonLinesSink(settings.home / "outbox.jsonl")
 
 
 @dataclass(frozen=True)
@@ -198,19 +126,32 @@ def _release(engine: sa.Engine, ids: list[int], owner: str) -> None:
         log.warning("outbox relay: claim not released (%s); it expires with its lease", type(exc).__name__)
 
 
+def _mark_sent(engine: sa.Engine, ids: list[int], owner: str) -> int:
+    with _autocommit(engine).connect() as conn:
+        return len(conn.execute(sql.MARK_SENT, {"ids": ids, "owner": owner}).all())
+
+
 def relay_batch(engine: sa.Engine, *, sink: Sink, owner: str, settings: RelaySettings) -> tuple[int, int]:
-    """Claim, send and mark one batch: (claimed, marked SENT). Raises the sink's or the database's error."""
+    """Claim, send and mark one batch: (claimed, marked SENT). Raises the sink's or the database's error.
+
+    Only events the sink confirmed are marked SENT: on SinkNotConfirmed the confirmed part is marked and
+    the rest released; on any other failure the whole batch is released (it stays PENDING)."""
     events = _claim(engine, owner, settings)
     if not events:
         return 0, 0
     ids = [e.id for e in events]
     try:
-        sink.send(events)  # no transaction is open here
+        sink.send_batch(events)  # no transaction is open here
+    except SinkNotConfirmed as exc:  # what the sink did confirm is SENT; the rest goes back to PENDING
+        confirmed = [i for i in ids if i in exc.confirmed]
+        if confirmed:
+            _mark_sent(engine, confirmed, owner)
+        _release(engine, [i for i in ids if i not in exc.confirmed], owner)
+        raise
     except BaseException:
         _release(engine, ids, owner)
         raise
-    with _autocommit(engine).connect() as conn:
-        marked = len(conn.execute(sql.MARK_SENT, {"ids": ids, "owner": owner}).all())
+    marked = _mark_sent(engine, ids, owner)
     if marked < len(ids):
         log.warning("outbox relay: %d of %d events were claimed by another relay meanwhile (sent again)",
                     len(ids) - marked, len(ids))
