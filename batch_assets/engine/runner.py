@@ -1,11 +1,13 @@
 """run_sweep(): pages, a worker pool, a window, a prefetch thread, FIFO drain.
 
 A page is read outside any transaction, computed outside any transaction, then
-written in (at most) two short transactions: the side effects that must survive
-(review triggers) first, then the page write (data + stamp + outbox) with its
-own statement and lock timeouts. When the page write fails it is rolled back
-and redone row by row, each row in its own short transaction, so one poisoned
-row fails only itself; only committed writes are counted.
+written in (at most) two short transactions: a definition's side effects that must
+survive a failed page (if it has any) first, then the page write (data + stamp +
+outbox) with its own statement and lock timeouts. The page write applies a row only
+if the row still holds what was read; a row another writer changed meanwhile is a
+conflict (counted, left as that writer left it). When the page write fails it is
+rolled back and redone row by row, each row in its own short transaction, so one
+poisoned row fails only itself; only committed writes are counted.
 
 Pages finish out of order, so results are drained strictly in FIFO order and
 only the front page's cursor is checkpointed: everything at or before the
