@@ -144,9 +144,10 @@ def test_make_sink_and_batch_size_validation(engine: sa.Engine, tmp_path: Path) 
 
 # --- claim lease, sends outside transactions, follow mode ----------------------------------------
 
-import socket  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+
+from helpers import TcpProxy  # noqa: E402
 
 from batch_assets.domains.outbox.relay import RelaySettings, follow_outbox, relay_batch  # noqa: E402
 
@@ -182,60 +183,6 @@ def test_mark_sent_is_fenced_by_the_claim(engine: sa.Engine) -> None:
     assert {tuple(r) for r in rows} == {("SENT", None, 2)}
 
 
-class SinkProxy:
-    """A TCP proxy in front of Redis: "down" resets every connection, "hang" accepts and never answers,
-    "up" forwards. Lets a test take the relay's sink down and make it hang, with real sockets."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.mode = "down"
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        self.closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            self.sockets.append(client)
-            if self.mode == "down":
-                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                client.close()
-            elif self.mode == "up":
-                upstream = socket.create_connection(self.target)
-                self.sockets.append(upstream)
-                for a, b in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-            # "hang": keep the socket open and never answer
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.closed.set()
-        self.server.close()
-        for s in self.sockets:
-            try:
-                s.close()
-            except OSError:
-                pass
-
-
 def _idle_in_transaction(engine: sa.Engine, longer_than_s: float = 0.2) -> int:
     """Sessions of this database idle inside a transaction for longer than `longer_than_s`.
 
@@ -257,7 +204,7 @@ def test_follow_with_the_sink_down_then_hanging_holds_no_transaction_and_loses_n
     delivered (at least once, keyed by event id) and marked SENT, also events written while following."""
     stream = f"batch_assets.test.{uuid.uuid4().hex}"
     client = redis.Redis.from_url(REDIS_URL)
-    proxy = SinkProxy(("127.0.0.1", 6379))
+    proxy = TcpProxy(("127.0.0.1", 6379))
     sink = RedisStreamSink(f"redis://127.0.0.1:{proxy.port}/0", stream=stream, timeout_s=0.3)
     settings = RelaySettings(batch_size=10, claim_lease_s=5, send_timeout_s=0.3, poll_s=30, backoff_s=0.05,
                              backoff_max_s=0.2)
