@@ -60,3 +60,45 @@ def test_after_kill_9_of_a_following_relay_the_next_relay_is_not_locked_out(cli_
     result = run_cli(cli_env, "outbox", "relay")
     assert result.returncode == EXIT_OK, result.describe()
     assert result.summary["status"] == "SUCCESS" and result.summary["sent"] == 3
+
+
+BAD_SINKS = ["", "  ", "ftp://127.0.0.1/outbox", "kafka://127.0.0.1:9092", "file:", "amqp://", "nats://:4222",
+             "amqp://guest:s3cret@127.0.0.1:99999/%2F", "outbox.jsonl"]
+
+
+def test_a_bad_outbox_sink_is_exit_2_naming_the_variable_and_nothing_is_sent(cli_env, engine, tmp_path):
+    """Empty, an unknown scheme, no host or path, a bad port: exit 2 with one line naming BATCH_ASSETS_OUTBOX_SINK
+    (never repeating the value, which may hold a password); no event leaves PENDING."""
+    _write_events(engine, 3)
+    for value in BAD_SINKS:
+        result = run_cli({**cli_env, "BATCH_ASSETS_OUTBOX_SINK": value}, "outbox", "relay")
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and "BATCH_ASSETS_OUTBOX_SINK" in lines[-1], (value, result.describe())
+        assert "Traceback" not in result.stderr and "s3cret" not in result.stderr + result.stdout
+    assert _sent(engine) == 0
+
+
+def test_the_outbox_sink_variable_chooses_the_file_and_the_lock_redis_url_does_not(cli_env, engine, tmp_path):
+    """BATCH_ASSETS_OUTBOX_SINK=file:PATH sends there even with the lock's BATCH_ASSETS_REDIS_URL set, whose
+    stream receives nothing."""
+    import redis
+
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/14", socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.exceptions.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    client.delete("batch_assets.outbox")
+    _write_events(engine, 7)
+    target = tmp_path / "elsewhere" / "events.jsonl"
+    env = {**cli_env, "BATCH_ASSETS_REDIS_URL": "redis://127.0.0.1:6379/14",
+           "BATCH_ASSETS_OUTBOX_SINK": f"file:{target}"}
+    try:
+        result = run_cli(env, "outbox", "relay")
+        assert result.returncode == EXIT_OK, result.describe()
+        ids = sorted(json.loads(line)["id"] for line in target.read_text().splitlines())
+        assert len(ids) == 7 and _sent(engine) == 7
+        assert client.xlen("batch_assets.outbox") == 0
+    finally:
+        client.delete("batch_assets.outbox")
+        client.close()
