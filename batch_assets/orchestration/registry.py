@@ -11,19 +11,25 @@ the business tables.
 
 # No `from __future__ import annotations`: Dagster reads the sensor annotations at runtime.
 
+import logging
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
+from batch_assets import run_history
 from batch_assets.alerts import send_alert
+from batch_assets.db.engine import one_off_engine
 from batch_assets.domains.customer_status.dagster import SPEC as CUSTOMER_STATUS
 from batch_assets.domains.outbox.dagster import SPEC as OUTBOX_RELAY
 from batch_assets.domains.payments.dagster import SPEC as PAYMENT_QUEUE
 from batch_assets.domains.subscriptions.dagster import SPEC as SUBSCRIPTION_EXPIRY
-from batch_assets.errors import ConfigError
+from batch_assets.errors import BatchAssetsError, ConfigError, error_text
 from batch_assets.orchestration.automation import schedule_status, sensor_status
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
 
 SPECS: tuple[JobSpec, ...] = (
     CUSTOMER_STATUS,
@@ -93,8 +99,33 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext) -> None:
     )
 
 
-def asset_checks_after_run(context: dg.RunStatusSensorContext) -> dg.RunRequest:
-    return dg.RunRequest(run_key=f"checks-after:{context.dagster_run.run_id}")
+def asset_checks_after_run(context: dg.RunStatusSensorContext) -> dg.RunRequest | dg.SkipReason:
+    """Checks after a successful run that changed something (CONTRACT §8 "quiet when idle").
+
+    A run whose summary says `changed` 0 (a drain that found nothing, a sweep with nothing due, a
+    SKIPPED run) leaves every checked table as it was: no check run. A run without a readable summary
+    is checked.
+    """
+    run_id = context.dagster_run.run_id
+    changed = _changed_by(run_id)
+    if changed == 0:
+        return dg.SkipReason(f"run {run_id} changed nothing: no check run")
+    return dg.RunRequest(run_key=f"checks-after:{run_id}")
+
+
+def _changed_by(run_id: str) -> int | None:
+    """The `changed` count of the run's summary in run history, or None when there is none."""
+    try:
+        with one_off_engine(load_settings()) as engine:
+            summary = run_history.latest(engine, run_id)
+    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+        log.warning("run %s: summary not readable (%s); its checks run", run_id, error_text(exc))
+        return None
+    if summary is None:
+        return None
+    if summary.get("status") == "SKIPPED":
+        return 0
+    return int(summary.get("changed") or 0)
 
 
 def resources(settings: Settings) -> dict[str, Any]:
@@ -128,7 +159,8 @@ def sensors(*, running: bool) -> list[dg.SensorDefinition]:
             request_job=asset_checks_job,
             default_status=status,
             description="Runs every asset check after each successful CLI sweep, expiry, queue drain and relay "
-            "(the asset job runs its own checks).",
+            "that changed something (a run that changed nothing starts no check run; the asset job runs its "
+            "own checks).",
         )(asset_checks_after_run),
     ]
 

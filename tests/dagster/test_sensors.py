@@ -85,16 +85,24 @@ def _succeed(instance: dg.DagsterInstance, engine: sa.Engine, request: dg.RunReq
 
 
 def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
-    dagster_env: Settings, engine: sa.Engine
+    dagster_env: Settings, engine: sa.Engine, db_url: str
 ) -> None:
-    """No drain yet: start one; one in progress: skip; one just finished: skip until the interval passed."""
+    """Payments due, no drain yet: start one; one in progress: skip; one just finished: skip until the interval."""
+    from batch_assets.domains.payments.queue import enqueue
+
+    def tick() -> dg.SensorResult:
+        with dg.build_sensor_context(
+            instance=instance, resources={"database": DatabaseResource(url=db_url)}
+        ) as context:
+            return payment_queue_drain_sensor.evaluate_tick(context)
+
     with dg.instance_for_test() as instance:
-        result = payment_queue_drain_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
-        [request] = result.run_requests
+        enqueue(engine, 3)
+        [request] = tick().run_requests
         assert request.run_key == "drain-after:none"
 
         running = instance.create_run_for_job(job_def=payment_queue_drain_job, status=dg.DagsterRunStatus.STARTED)
-        result = payment_queue_drain_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+        result = tick()
         assert result.run_requests == [] and running.run_id in result.skip_message
         instance.delete_run(running.run_id)
 
@@ -102,7 +110,8 @@ def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
             run_config={"ops": {"drain_payment_queue": {"config": {"max_seconds": 2}}}}, instance=instance
         )
         assert finished.success
-        result = payment_queue_drain_sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+        enqueue(engine, 1)
+        result = tick()
         assert result.run_requests == [] and "next drain in" in result.skip_message
         assert QUEUE_DRAIN_INTERVAL_S > 0
 

@@ -5,6 +5,7 @@ Lineage: payments ─▶ payment_status.
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -182,8 +183,44 @@ def dead_letter_queue_size(database: DatabaseResource) -> dg.AssetCheckResult:
 # --- the drain sensor ---------------------------------------------------------------------------
 
 
-def payment_queue_drain(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-    """The next drain, QUEUE_DRAIN_INTERVAL_S after the last one finished; never two at once."""
+OBSERVE_EVERY_S = 300
+"""While nothing is due, the drain sensor observes payment_status at most this often (only when it changed)."""
+
+
+def _seconds_until_due(database: DatabaseResource) -> float | None:
+    """Seconds until the next payment is due (<= 0: one is due now), None when nothing is queued."""
+    with database.get_engine().connect() as conn:
+        value = conn.exec_driver_sql(sql.NEXT_DUE_IN).scalar()
+    return None if value is None else float(value)
+
+
+def _idle_observation(context: dg.SensorEvaluationContext, database: DatabaseResource, reason: str) -> dg.SensorResult:
+    """A skipped tick; every OBSERVE_EVERY_S, an observation of payment_status when its counts changed (no run)."""
+    state = json.loads(context.cursor) if context.cursor else {}
+    if time.time() - float(state.get("observed_at") or 0) < OBSERVE_EVERY_S:
+        return dg.SensorResult(skip_reason=dg.SkipReason(reason))
+    engine = database.get_engine()
+    counts, table = counts_table(engine, sql.PAYMENTS_BY_STATUS, label="status")
+    stats = queue_stats(engine)
+    digest = json.dumps([sorted(counts.items()), stats["dlq_size"]])
+    cursor = json.dumps({"observed_at": time.time(), "digest": digest})
+    if digest == state.get("digest"):
+        return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor)
+    observation = dg.AssetObservation(
+        asset_key="payment_status",
+        description="observed by payment_queue_drain_sensor while nothing was due (no run)",
+        metadata={"oldest_due_s": float(stats["oldest_due_s"]), "dlq_size": int(stats["dlq_size"]),
+                  "payments_by_status": table, **{f"payments_{k.lower()}": v for k, v in counts.items()}},
+    )
+    return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor, asset_events=[observation])
+
+
+def payment_queue_drain(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult:
+    """A drain only when a payment is due, QUEUE_DRAIN_INTERVAL_S after the last one finished; never two at once.
+
+    While nothing is due no run starts (CONTRACT §8 "quiet when idle"); payment_status still gets fresh
+    numbers, as an observation on a tick.
+    """
     records = context.instance.get_run_records(
         filters=dg.RunsFilter(job_name=payment_queue_drain_job.name), limit=1
     )
@@ -192,10 +229,15 @@ def payment_queue_drain(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         run = last.dagster_run
         if run.status in IN_PROGRESS:
             return dg.SensorResult(skip_reason=dg.SkipReason(f"drain {run.run_id} is {run.status.value}"))
+    due_in = _seconds_until_due(database)
+    if due_in is None or due_in > 0:
+        reason = "no payment queued" if due_in is None else f"no payment due (next in {due_in:.0f}s)"
+        return _idle_observation(context, database, reason)
+    if last is not None:
         finished = last.end_time or (last.update_timestamp.timestamp() if last.update_timestamp else 0.0)
         wait_s = finished + QUEUE_DRAIN_INTERVAL_S - time.time()
         if wait_s > 0:
-            return dg.SensorResult(skip_reason=dg.SkipReason(f"next drain in {wait_s:.0f}s"))
+            return dg.SensorResult(skip_reason=dg.SkipReason(f"payments due; next drain in {wait_s:.0f}s"))
     # The run key names the previous run, so two racing ticks can never start two drains after it.
     previous = last.dagster_run.run_id if last is not None else "none"
     return dg.SensorResult(
@@ -217,8 +259,9 @@ def build_sensors(status: dg.DefaultSensorStatus) -> list[dg.SensorDefinition]:
             job=payment_queue_drain_job,
             minimum_interval_seconds=10,
             default_status=status,
-            description=f"Starts the next payment queue drain {QUEUE_DRAIN_INTERVAL_S}s after the last one "
-            "finished; never two at once, and none while a resident `queue work` run (the same job) is running.",
+            description=f"Starts a payment queue drain when payments are due, at least {QUEUE_DRAIN_INTERVAL_S}s "
+            "after the last one finished; never two at once, none while a resident `queue work` run (the same "
+            "job) is running, and none while nothing is due (then it observes payment_status instead).",
         )(payment_queue_drain),
     ]
 
