@@ -70,9 +70,8 @@ def _add_events(engine: sa.Engine, n: int) -> set[int]:
 
 def _backlog_check(instance: dg.DagsterInstance, max_pending: int) -> dg.AssetCheckEvaluation:
     job = load_defs().resolve_job_def("asset_checks_job")
-    result = job.execute_in_process(
-        instance=instance, run_config={"ops": {"outbox_events_outbox_backlog": {"config": {"max_pending": max_pending}}}}
-    )
+    config = {"ops": {"outbox_events_outbox_backlog": {"config": {"max_pending": max_pending}}}}
+    result = job.execute_in_process(instance=instance, run_config=config)
     assert result.success
     (evaluation,) = [e for e in result.get_asset_check_evaluations() if e.check_name == "outbox_backlog"]
     return evaluation
