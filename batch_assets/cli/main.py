@@ -24,6 +24,7 @@ from batch_assets.errors import (
     BatchAssetsError,
     first_line,
 )
+from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.settings import load_settings
 
 GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, tools)
@@ -58,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         func = args.func
         settings = load_settings()
+        # Every command, `db migrate` included, leaves DAGSTER_HOME with our instance file (README, production).
+        write_instance_config(settings)
         return func(args, settings)
     except BatchAssetsError as exc:
         err(f"error: {exc}")

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
-import shutil
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -28,20 +26,19 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-import batch_assets
 from batch_assets import run_history
 from batch_assets.db.engine import is_transient, one_off_engine
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text, first_line
 from batch_assets.orchestration.config import JobConfig
+from batch_assets.orchestration.instance_home import repo_root as repo_root  # re-exported: cli.tools, tests
+from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.orchestration.ops import run_in_thread
 from batch_assets.orchestration.registry import op_jobs, spec_for
 from batch_assets.orchestration.spec import JobSpec
-from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
+from batch_assets.settings import Settings
 
 EXECUTORS = ("in_process", "multiprocess", "celery")
-SQLITE_TEMPLATE = "dagster.yaml"
 log = logging.getLogger(__name__)
-POSTGRES_TEMPLATE = "dagster.postgres.yaml"
 
 
 @dataclass(frozen=True)
@@ -53,25 +50,10 @@ class LaunchResult:
     """The job's summary (CONTRACT §2 keys); a FAILURE summary when the run failed before recording one."""
 
 
-def repo_root() -> Path:
-    """The repository (the package is installed editable): where workspace.yaml and dagster*.yaml live."""
-    return Path(batch_assets.__file__).resolve().parents[1]
-
-
 def ensure_instance(settings: Settings) -> Path:
-    """The Dagster instance directory, with a dagster.yaml; sets DAGSTER_HOME for this process."""
-    configured = os.environ.get("DAGSTER_HOME", "").strip()
-    home = Path(configured).expanduser().resolve() if configured else settings.dagster_home
-    home.mkdir(parents=True, exist_ok=True)
-    wanted = POSTGRES_TEMPLATE if os.environ.get(DAGSTER_PG_URL_VAR, "").strip() else SQLITE_TEMPLATE
-    other = SQLITE_TEMPLATE if wanted == POSTGRES_TEMPLATE else POSTGRES_TEMPLATE
-    target = home / "dagster.yaml"
-    template = repo_root() / wanted
-    # Write ours when missing, or switch when the file is our other template verbatim (storage changed);
-    # a dagster.yaml someone edited is left alone.
-    if not target.exists() or target.read_bytes() == (repo_root() / other).read_bytes():
-        shutil.copyfile(template, target)
-    os.environ["DAGSTER_HOME"] = str(home)
+    """The Dagster instance directory, with a dagster.yaml (`instance_home.write_instance_config`) and its
+    storage initialised; sets DAGSTER_HOME for this process."""
+    home = write_instance_config(settings)
     _initialise_storage_once(home)
     return home
 
