@@ -165,12 +165,7 @@ def launch_job(
     with dg.DagsterInstance.get() as instance:
         try:
             result = run_in_thread(
-                lambda: dg.execute_job(
-                    dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(name,)),
-                    instance=instance,
-                    run_config=run_config,
-                    tags=all_tags,
-                ),
+                lambda: execute_in_code_location(name, instance, run_config=run_config, tags=all_tags),
                 name="batch-assets-run",
             )
         except dg.DagsterInvalidConfigError as exc:
@@ -184,6 +179,47 @@ def launch_job(
 
 
 LAUNCH_ID_TAG = "batch_assets/launch_id"
+WORKSPACE_FILE = "workspace.yaml"
+REPOSITORY_NAME = "__repository__"
+"""The repository name Dagster gives the code location's `Definitions` (what `dagster dev` shows)."""
+
+
+def workspace_job_origin(job_name: str) -> Any:
+    """The job's origin in the code location `dagster dev -w workspace.yaml` loads (location and repository name).
+
+    A run that carries it shows under its job in the UI (the job's Runs tab, the sparklines, the Overview
+    timeline filter on the repository label it gives), and the code location's run-status sensors (the
+    failure alert, the checks after a run) see it as one of theirs (CONTRACT §8 "one view").
+    """
+    # Dagster has no public constructor of a job's remote origin outside a workspace process; these are the
+    # classes `dagster job launch` builds it from, read from the same workspace.yaml.
+    from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    [location] = WorkspaceFileTarget(paths=[str(repo_root() / WORKSPACE_FILE)]).create_origins()
+    return RemoteJobOrigin(repository_origin=RemoteRepositoryOrigin(location, REPOSITORY_NAME), job_name=job_name)
+
+
+def execute_in_code_location(
+    job_name: str, instance: dg.DagsterInstance, *, run_config: Mapping[str, Any], tags: Mapping[str, str]
+) -> Any:
+    """`dg.execute_job` on the reconstructable job, with the run created under the job's workspace origin.
+
+    The same steps as `execute_job` (create the run for the job, then execute it), with `remote_job_origin`
+    and `job_code_origin` set on the run as a run launched from the UI has them.
+    """
+    from dagster._core.execution.api import execute_run
+
+    recon = dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(job_name,))
+    job_def = recon.get_definition()
+    run = instance.create_run_for_job(
+        job_def=job_def,
+        run_config=run_config,
+        tags={**job_def.run_tags, **tags},
+        remote_job_origin=workspace_job_origin(job_name),
+        job_code_origin=recon.get_python_origin(),
+    )
+    return execute_run(recon, run, instance, raise_on_error=False)
 
 
 def _crashed_launch(instance: dg.DagsterInstance, launch_id: str, exc: Exception) -> LaunchResult:

@@ -1,0 +1,41 @@
+"""One view (CONTRACT §8): a run the CLI launches carries its job's code-location origin, as a UI-launched run does."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from batch_assets.orchestration.launch import launch_job, repo_root
+from batch_assets.settings import Settings
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration]
+
+JOB = "payment_queue_drain_job"
+
+
+def _workspace_origin(instance: dg.DagsterInstance) -> object:
+    """The job's remote origin as `dagster dev -w workspace.yaml` loads it (its code server started here)."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    target = WorkspaceFileTarget(paths=[str(repo_root() / "workspace.yaml")])
+    with WorkspaceProcessContext(instance, target) as process:
+        [location] = process.create_request_context().code_locations
+        [repository] = location.get_repositories().values()
+        return repository.get_full_job(JOB).get_remote_origin()
+
+
+def test_a_cli_run_carries_the_workspace_origin_and_the_job_view_finds_it(dagster_env: Settings) -> None:
+    """The CLI's run has the origin dagster dev gives the job; the job page's query (job name + repository) finds it."""
+    launched = launch_job(JOB, {"max_seconds": 2}, settings=dagster_env)
+    assert launched.dagster_status == "SUCCESS"
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(launched.run_id)
+        assert run is not None and run.remote_job_origin is not None
+        assert run.remote_job_origin == _workspace_origin(instance)
+        origin = run.remote_job_origin.repository_origin
+        assert (origin.code_location_origin.location_name, origin.repository_name) == ("batch_assets", "__repository__")
+        # What the job's Runs tab asks for (dagster_graphql GraphenePipeline.resolve_runs).
+        label = origin.get_label()
+        found = instance.get_runs(filters=dg.RunsFilter(job_name=JOB, tags={".dagster/repository": label}))
+        assert [r.run_id for r in found] == [launched.run_id]
