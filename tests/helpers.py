@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -164,70 +163,8 @@ class LimitsStub:
         self._thread.join(timeout=10)
 
 
-# --- a TCP proxy in front of a real service ------------------------------------------------------------
+# --- a TCP proxy in front of a real service (one home: the fault campaign's) -----------------------------
 
+from faults.brokers import TcpProxy  # noqa: E402
 
-class TcpProxy:
-    """A TCP proxy in front of a real service (Redis, RabbitMQ, NATS) with real sockets. Modes: "down" resets
-    every new connection; "hang" accepts new ones and never answers, and stops forwarding on the open ones;
-    "mute" forwards what the client sends but holds every reply (the broker took the publish, its confirm or
-    PubAck never arrives); "up" forwards. Held bytes are never dropped. `cut()` resets every open connection
-    (a connection killed mid-batch)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.mode = "down"
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        self.closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            self.sockets.append(client)
-            if self.mode == "down":
-                self._reset(client)
-            elif self.mode == "up":
-                upstream = socket.create_connection(self.target)
-                self.sockets.append(upstream)
-                for a, b, replies in ((client, upstream, False), (upstream, client, True)):
-                    threading.Thread(target=self._pipe, args=(a, b, replies), daemon=True).start()
-            # "hang" / "mute": keep the socket open and never answer
-
-    @staticmethod
-    def _reset(sock: socket.socket) -> None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            sock.close()
-        except OSError:
-            return  # already closed
-
-    def _held(self, replies: bool) -> bool:
-        return not self.closed.is_set() and (self.mode == "hang" or (self.mode == "mute" and replies))
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                while self._held(replies):
-                    time.sleep(0.01)  # holding the bytes: the peer waits for a reply that does not come
-                dst.sendall(data)
-        except OSError:
-            pass  # either side closed: end this direction
-        finally:
-            for s in (src, dst):
-                self._reset(s)
-
-    def cut(self) -> None:
-        """Reset every open connection (the service stays up; new connections follow the mode)."""
-        for s in list(self.sockets):
-            self._reset(s)
-
-    def close(self) -> None:
-        self.closed.set()
-        self.server.close()
-        self.cut()
+__all__ = ["TcpProxy"]
