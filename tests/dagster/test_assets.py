@@ -79,11 +79,12 @@ def test_a_rules_change_swept_while_a_cli_sweep_holds_the_lock_ends_with_exactly
     """The first config-change run is SKIPPED (a CLI sweep holds the lock); the sensor requests it again until
     one run for the fingerprint succeeds, then never again."""
     seed_customers(engine, cipher, 60_000, run_date=date(2025, 6, 1), seed=21)
+    out = (tmp_path / "cli.out").open("w")
     cli = subprocess.Popen(
         [sys.executable, "-m", "batch_assets.cli", "sweep", "customer-status", "--mode", "full",
          "--run-date", "2025-06-01", "--allow-distant-run-date", "--page-size", "100", "--workers", "1",
          "--ranges", "1"],
-        env=cli_env, stdout=(tmp_path / "cli.out").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        env=cli_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -123,6 +124,7 @@ def test_a_rules_change_swept_while_a_cli_sweep_holds_the_lock_ends_with_exactly
         if cli.poll() is None:
             os.killpg(cli.pid, 9)
             cli.wait(timeout=30)
+        out.close()
 
 
 def _lock_held(engine: sa.Engine) -> bool:
