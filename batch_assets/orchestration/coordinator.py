@@ -1,0 +1,51 @@
+"""The run coordinator of batch_assets' instance: Dagster's queue, plus each job's tags on the asset runs the UI starts.
+
+"Materialize" in the Dagster UI (dagster 1.13) runs the implicit `__ASSET_JOB` with run config `{}` and the tags
+of that job, which has none: a sweep started there would carry no `batch_assets/kind: sweep` tag, so the queue's
+one-sweep-at-a-time limit (`concurrency: runs: tag_concurrency_limits` in dagster.yaml) would not count it
+(CONTRACT §8: "Materialize" runs the sweep "under the same limits"). This coordinator gives a run of an asset
+job other than the job's own (the implicit one, or an anonymous selection) the tags of the job whose assets it
+materializes, before the run is queued, so the queue limits it like the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import dagster as dg
+
+from batch_assets.orchestration.registry import SPECS
+
+
+def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -> dict[str, str]:
+    """The tags a run of `job_name` materializing `asset_selection` (None: every asset of the job) is owed.
+
+    A run of one of a spec's own jobs has that job's tags already; a run of another asset job that
+    materializes a spec's assets gets the spec's job tags (e.g. `batch_assets/kind: sweep`).
+    """
+    selected = None if asset_selection is None else set(asset_selection)
+    owed: dict[str, str] = {}
+    for spec in SPECS:
+        if job_name in spec.job_names:
+            return {}
+        keys = {key for asset in spec.assets if isinstance(asset, dg.AssetsDefinition) and asset.is_materializable
+                for key in asset.keys}
+        if keys and (selected is None or keys & selected):
+            owed.update(spec.job.tags)
+    return owed
+
+
+class BatchAssetsRunCoordinator(dg.QueuedRunCoordinator):
+    """Dagster's QueuedRunCoordinator (limits from the `concurrency:` section); a run is queued with the tags
+    of the job whose assets it materializes (`tags_for_run`)."""
+
+    def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
+        run = context.dagster_run
+        owed = tags_for_run(run.job_name, run.asset_selection)
+        missing: Mapping[str, str] = {key: value for key, value in owed.items() if key not in run.tags}
+        if missing:
+            self._instance.add_run_tags(run.run_id, missing)
+            tagged = self._instance.get_run_by_id(run.run_id)
+            if tagged is not None:
+                context = dg.SubmitRunContext(tagged, context.workspace)
+        return super().submit_run(context)
