@@ -76,6 +76,7 @@ def check_report(report: dict[str, Any], *, allow_missing: tuple[str, ...] = ())
     _check_startup(c, report)
     _check_checks(c, report, rows, workers)
     _check_queue(c, report, allow_missing)
+    _check_outbox(c, report)
     return c.problems
 
 
@@ -216,6 +217,30 @@ def _check_queue(c: Checker, report: dict[str, Any], allow_missing: tuple[str, .
     stub = q.get("http_stub") or {}
     for key in ("latency_ms", "concurrency", "payments", "per_s", "target_per_s"):
         c.positive(stub, key, "queue.http_stub")
+
+
+def _check_outbox(c: Checker, report: dict[str, Any]) -> None:
+    """The outbox section (issue 19) when the report has one (older reports have none): each broker measured
+    with positive rates and ratio = relay / raw, or not measured with a reason."""
+    o = report.get("outbox")
+    if o is None:
+        return
+    if not c.that(isinstance(o, dict) and o.get("status") == "measured", "outbox.status must be measured"):
+        return
+    c.positive(o, "events", "outbox")
+    c.positive(o, "batch_size", "outbox")
+    brokers = o.get("brokers")
+    if not c.that(isinstance(brokers, dict) and bool(brokers), "outbox.brokers is missing"):
+        return
+    for name, entry in brokers.items():
+        where = f"outbox.brokers.{name}"
+        if entry.get("status") != "measured":
+            c.that(bool(entry.get("reason")), f"{where}: not measured without a reason")
+            continue
+        ok = all([c.positive(entry, key, where) for key in ("relay_per_s", "raw_per_s", "ratio")])
+        if ok:
+            c.that(close(entry["ratio"], entry["relay_per_s"] / entry["raw_per_s"], 0.05),
+                   f"{where}.ratio is not relay_per_s / raw_per_s")
 
 
 def check_outputs(report: dict[str, Any], directory: Path) -> list[str]:

@@ -187,9 +187,32 @@ def queue_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def outbox_table(report: dict[str, Any]) -> list[str]:
+    """Events/s to each broker with confirms on, beside the raw client (only in reports that have the section)."""
+    o = report.get("outbox")
+    if not o:
+        return []
+    lines = ["### Outbox (relay → broker, confirms on)", "",
+             f"{o['events']:,} events in batches of {o['batch_size']}; the raw client publishes the same bodies "
+             "in the same batches and awaits the same confirms, with no database.", "",
+             "| broker | relay | raw client | relay ÷ raw |", "|---|---:|---:|---:|"]
+    for name, entry in o["brokers"].items():
+        if entry.get("status") != "measured":
+            lines.append(f"| {name} | not measured: {entry.get('reason', '?')} | | |")
+            continue
+        lines.append(f"| {name} | {rate(entry['relay_per_s'], 'events/s')} | {rate(entry['raw_per_s'], 'msg/s')} | "
+                     f"{entry['ratio']:.2f}× |")
+    ref = o.get("go_outbox_reference_per_s")
+    if ref:
+        lines.append(f"| go-outbox's published RabbitMQ figure (reference, not measured here) | "
+                     f"{rate(ref, 'msg/s')} | | |")
+    return lines
+
+
 def tables(report: dict[str, Any]) -> str:
     """Every table of the report, as markdown."""
-    parts = [sweep_table(report), startup_table(report), checks_table(report), queue_table(report)]
+    parts = [sweep_table(report), startup_table(report), checks_table(report), queue_table(report),
+             outbox_table(report)]
     return "\n".join("\n".join(p) + "\n" for p in parts if p).rstrip() + "\n"
 
 

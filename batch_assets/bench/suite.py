@@ -10,7 +10,8 @@ Order of a run (each step prints a progress line on stderr):
    config-change with its pre-check after a rules change;
 4. EXPLAIN of the delta, full-page and payment-claim queries;
 5. Dagster run start-up of a CLI sweep, on its own;
-6. the queue section (payments domain);
+6. the queue section (payments domain), then the outbox section (events/s to each broker with confirms,
+   beside a raw client loop);
 7. peak RSS of a whole sweep at N rows and at the small size, each in a fresh process;
 8. the JSON report, the markdown table and the charts under --output-dir.
 """
@@ -31,6 +32,7 @@ import sqlalchemy as sa
 
 from batch_assets.bench import memory, plans, references, render, scratch, startup, sweeps
 from batch_assets.bench.options import STARTUP_RUNS, BenchOptions, options_from
+from batch_assets.bench.outbox import outbox_section
 from batch_assets.bench.queue import queue_section
 from batch_assets.errors import EXIT_OK, ConfigError
 from batch_assets.settings import Settings
@@ -128,6 +130,11 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
         report["queue"] = queue_section(url, payments=options.queue_payments, quick=options.quick, progress=say)
         if report["queue"]["status"] != "measured":
             say(f"  queue: {report['queue']['status']}: {report['queue']['reason']}")
+        outbox_engine = create_engine(url, pool_size=2)
+        try:
+            report["outbox"] = outbox_section(outbox_engine, quick=options.quick, progress=say)
+        finally:
+            outbox_engine.dispose()
 
         say.next(f"peak RSS of a whole sweep in a fresh process, at {options.rows:,} then {options.small_rows:,} rows")
         large = {"rows": options.rows, **memory.measure_rss(url, key_text, run_date)}

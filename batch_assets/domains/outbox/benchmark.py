@@ -1,0 +1,176 @@
+"""The outbox bench: events/s from PENDING to confirmed-and-SENT through each broker, beside a raw client loop.
+
+For each broker that answers, the same `events` outbox events are relayed (claim → publish the batch → await
+every confirm → mark SENT, `relay_outbox` as the product runs it), then the raw client publishes the same
+bodies in the same batch size and awaits the same confirms, with no database at all. The ratio relay / raw is
+what the relay costs over the broker itself (goal ≥ 0.8). Each run uses names of its own (exchange and queue,
+JetStream stream), deleted afterwards; the raw loop uses other message ids than the relay, so JetStream's
+dedupe never drops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import sqlalchemy as sa
+
+from batch_assets.domains.outbox.relay import RelaySettings, relay_outbox
+from batch_assets.domains.outbox.sinks import NatsJetStreamSink, RabbitMQSink
+
+DEFAULT_BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672/%2F", "nats": "nats://127.0.0.1:4222"}
+BATCH_SIZE = 500
+_BODY = {"customer_id": "00000000-0000-0000-0000-000000000000", "from_category": "MINOR", "to_category": "ADULT"}
+
+
+def _reachable(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or (5672 if parts.scheme == "amqp"
+                                                                                 else 4222)), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _insert_events(engine: sa.Engine, n: int) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql("TRUNCATE outbox_events")
+        conn.exec_driver_sql(
+            "INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+            "SELECT gen_random_uuid(), 'age_category_changed', %(body)s::jsonb FROM generate_series(1, %(n)s)",
+            {"n": n, "body": json.dumps(_BODY)},
+        )
+
+
+def _bodies(n: int) -> list[bytes]:
+    return [json.dumps({"id": i, "idempotency_key": str(i), "event_type": "age_category_changed",
+                        "payload": _BODY}, separators=(",", ":")).encode() for i in range(n)]
+
+
+async def _raw_rabbitmq(url: str, n: int, batch: int) -> float:
+    import aio_pika
+
+    conn = await aio_pika.connect(url)
+    name = f"batch_assets.bench.raw.{uuid.uuid4().hex[:8]}"
+    try:
+        channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+        exchange = await channel.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
+        queue = await channel.declare_queue(name, durable=True)
+        await queue.bind(exchange, routing_key="#")
+        bodies = _bodies(n)
+        started = time.perf_counter()
+        for lo in range(0, n, batch):
+            await asyncio.gather(*(exchange.publish(
+                aio_pika.Message(b, message_id=f"raw-{lo + i}", type="age_category_changed",
+                                 content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key="age_category_changed", mandatory=True) for i, b in enumerate(bodies[lo:lo + batch])))
+        elapsed = time.perf_counter() - started
+        await queue.delete(if_unused=False, if_empty=False)
+        await exchange.delete()
+        return elapsed
+    finally:
+        await conn.close()
+
+
+async def _raw_nats(url: str, n: int, batch: int) -> float:
+    import nats
+
+    nc = await nats.connect(url)
+    name = f"BA_BENCH_RAW_{uuid.uuid4().hex[:8]}"
+    try:
+        js = nc.jetstream(timeout=30, publish_async_max_pending=100_000)
+        await js.add_stream(name=name, subjects=[f"{name}.>"])
+        bodies = _bodies(n)
+        started = time.perf_counter()
+        for lo in range(0, n, batch):
+            acks = [await js.publish_async(f"{name}.age_category_changed", b, stream=name,
+                                           headers={"Nats-Msg-Id": f"raw-{lo + i}"})
+                    for i, b in enumerate(bodies[lo:lo + batch])]
+            await nc.flush()
+            await asyncio.gather(*acks)
+        elapsed = time.perf_counter() - started
+        await js.delete_stream(name)
+        return elapsed
+    finally:
+        await nc.close()
+
+
+def _relay_through(engine: sa.Engine, kind: str, url: str, n: int, batch: int) -> float:
+    """Seconds to relay n PENDING events through the product's sink of `kind` (names of this run's own)."""
+    suffix = uuid.uuid4().hex[:8]
+    if kind == "rabbitmq":
+        name = f"batch_assets.bench.relay.{suffix}"
+        sink: Any = RabbitMQSink(url, exchange=name, queue=name, timeout_s=30)
+    else:
+        name = f"BA_BENCH_RELAY_{suffix}"
+        sink = NatsJetStreamSink(url, stream=name, subject=name, timeout_s=30)
+    _insert_events(engine, n)
+    try:
+        started = time.perf_counter()
+        result = relay_outbox(engine, sink=sink, owner="bench", settings=RelaySettings(batch_size=batch,
+                                                                                        send_timeout_s=30))
+        elapsed = time.perf_counter() - started
+        if not result.ok or result.sent != n:
+            raise RuntimeError(f"the relay sent {result.sent} of {n} ({result.error})")
+    finally:
+        sink.close()
+    _drop(kind, url, name)
+    return elapsed
+
+
+def _drop(kind: str, url: str, name: str) -> None:
+    async def drop() -> None:
+        if kind == "rabbitmq":
+            import aio_pika
+
+            conn = await aio_pika.connect(url)
+            try:
+                channel = await conn.channel()
+                await channel.queue_delete(name)
+                await channel.exchange_delete(name)
+            finally:
+                await conn.close()
+        else:
+            import nats
+
+            nc = await nats.connect(url)
+            try:
+                await nc.jetstream().delete_stream(name)
+            finally:
+                await nc.close()
+
+    asyncio.run(drop())
+
+
+def run_outbox_bench(
+    engine: sa.Engine,
+    *,
+    events: int,
+    batch_size: int = BATCH_SIZE,
+    brokers: Mapping[str, str] = DEFAULT_BROKERS,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """{broker: relay_per_s, raw_per_s, ratio} with confirms on, or why a broker was not measured."""
+    out: dict[str, Any] = {}
+    raw_loops = {"rabbitmq": _raw_rabbitmq, "nats": _raw_nats}
+    for kind, url in brokers.items():
+        if not _reachable(url):
+            out[kind] = {"status": "not measured", "reason": f"no {kind} at {urlsplit(url).hostname}:"
+                                                              f"{urlsplit(url).port}"}
+            continue
+        relay_s = _relay_through(engine, kind, url, events, batch_size)
+        raw_s = asyncio.run(raw_loops[kind](url, events, batch_size))
+        relay_per_s, raw_per_s = events / relay_s, events / raw_s
+        out[kind] = {"status": "measured", "relay_per_s": round(relay_per_s, 1), "raw_per_s": round(raw_per_s, 1),
+                     "ratio": round(relay_per_s / raw_per_s, 3)}
+        if progress is not None:
+            progress(f"  outbox → {kind}: relay {relay_per_s:,.0f} events/s, raw client {raw_per_s:,.0f}/s "
+                     f"({relay_per_s / raw_per_s:.2f}×)")
+    return out
