@@ -53,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         campaign.start()
         campaign.build_templates()
-        specs = plan(sizes, campaign.rng, quick=args.quick, redis=campaign.redis is not None)
+        specs = plan(sizes, campaign.rng, quick=args.quick, redis=campaign.redis is not None,
+                     brokers=campaign.brokers())
         if campaign.redis is None:
             campaign.skipped.append("lock-store (Redis) faults: redis-server is not installed")
+        for broker in sorted({"rabbitmq", "nats"} - set(campaign.brokers())):
+            campaign.skipped.append(f"outbox broker faults ({broker}): the broker is not available")
         if args.only:
             specs = [s for s in specs if any(text in s.label for text in args.only)]
         log(f"{len(specs)} faults planned")

@@ -26,6 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from faults import checker, writers
+from faults.brokers import NatsServer, RabbitVhost, TcpProxy, delivered_ids
 from faults.product import CliResult, Product, Running
 from faults.services import LimitsStub, PgServer, RedisServer
 
@@ -52,7 +53,13 @@ FAULT_LABEL = {
     "write_errors": "write errors on some rows (trigger RAISEs)",
     "concurrent": f"concurrent writer ({EDIT_RATE} encrypted_dob edits/s)",
     "hostile": "hostile rows injected",
+    "broker_cut": "broker connection killed mid-batch",
+    "broker_mute": "broker confirm never arrives (timeout)",
+    "broker_down": "broker unreachable before the first batch",
+    "broker_stop": "broker stopped mid-batch, started again",
 }
+BROKER_FAULTS = ("broker_down", "broker_cut", "broker_mute", "broker_stop")
+BROKERS = ("rabbitmq", "nats")
 JOB_LABEL = {"sweep": "sweep", "queue": "queue drain (3 workers)", "expiry": "subscriptions expire",
              "relay": "outbox relay"}
 
@@ -187,6 +194,8 @@ class Campaign:
         self.run_date = datetime.now(UTC).date()
         self.pg = PgServer(root / "pg")
         self.redis = RedisServer(root / "redis") if use_redis and RedisServer.available() else None
+        self.nats: NatsServer | None = NatsServer(root / "nats") if NatsServer.available() else None
+        self.rabbit: RabbitVhost | None = RabbitVhost() if RabbitVhost.available() else None
         self.stub = LimitsStub(seed)
         self.home = root / "home"
         self.key_text = ""
@@ -214,6 +223,7 @@ class Campaign:
             log(f"Redis on 127.0.0.1:{self.redis.port}")
         else:
             log("redis-server not found: the lock-store faults are skipped")
+        self._start_brokers()
         self.stub.start()
         self.home.mkdir(parents=True, exist_ok=True)
         self.product = Product(self.root / "work", {
@@ -222,9 +232,27 @@ class Campaign:
             "BATCH_ASSETS_LIMITS_URL": self.stub.url,
         })
 
+    def _start_brokers(self) -> None:
+        """The campaign's own NATS server and RabbitMQ vhost; a broker that will not start skips its faults."""
+        for name in ("nats", "rabbit"):
+            broker = getattr(self, name)
+            if broker is None:
+                continue
+            try:
+                broker.start()
+                log(f"{name}: {broker.url()}")
+            except Exception as exc:  # its faults are skipped and the report says so
+                log(f"{name} did not start ({type(exc).__name__}: {exc}); its faults are skipped")
+                setattr(self, name, None)
+
+    def brokers(self) -> tuple[str, ...]:
+        """The brokers the campaign can fault: "rabbitmq" (a vhost on the machine's server), "nats" (its own)."""
+        return tuple(b for b, there in (("rabbitmq", self.rabbit), ("nats", self.nats)) if there is not None)
+
     def stop(self) -> None:
         steps = [self.product.kill_all] if self.product is not None else []
-        for step in (*steps, self.stub.stop, *([self.redis.stop] if self.redis else []), self.pg.stop):
+        brokers = [b.stop for b in (self.nats, self.rabbit) if b is not None]
+        for step in (*steps, self.stub.stop, *([self.redis.stop] if self.redis else []), *brokers, self.pg.stop):
             try:
                 step()
             except Exception as exc:  # cleanup goes on: every service must be stopped
@@ -335,7 +363,8 @@ class Campaign:
 
     def recover(self, database: str, args: list[str], res: FaultResult, t_fault: float, *, redis: bool = False,
                 before_each: Callable[[], None] | None = None, done: Callable[[CliResult], bool] | None = None,
-                faulted: CliResult | None = None, faulted_end: float = 0.0) -> CliResult | None:
+                faulted: CliResult | None = None, faulted_end: float = 0.0,
+                env: dict[str, str] | None = None) -> CliResult | None:
         """Run `args` again until it ends SUCCESS (exit 0), within the bound; 75 = wait for the lock.
 
         A faulted run that itself ended SUCCESS (having survived the fault) needs no recovery run.
@@ -351,7 +380,8 @@ class Campaign:
         while time.monotonic() < deadline:
             if before_each is not None:
                 before_each()
-            last = self.cli(database, *args, redis=redis, timeout=max(30.0, deadline - time.monotonic() + 30))
+            last = self.cli(database, *args, redis=redis, timeout=max(30.0, deadline - time.monotonic() + 30),
+                            env=env)
             res.recovery_runs += 1
             res.recovery_rcs.append(last.rc)
             if last.rc == EXIT_OK and last.status == "SUCCESS" and (done is None or done(last)):
@@ -389,6 +419,8 @@ class Campaign:
         finally:
             if self.redis is not None and not self.redis.running():
                 self.redis.start()
+            if self.nats is not None and not self.nats.running():
+                self.nats.start()
             self.stub.set_mode("ok")
         log(f"#{index:02d} {spec.label} at {spec.at:.0%}: {res.outcome} ({time.monotonic() - t:.0f}s) "
             f"{res.injected_note}; faulted {res.faulted}; recovery "
@@ -904,6 +936,9 @@ $$""")
     # -- the outbox relay ----------------------------------------------------------------
 
     def _relay_fault(self, spec: FaultSpec, res: FaultResult) -> None:
+        if spec.fault in BROKER_FAULTS:
+            self._broker_relay_fault(spec, res)
+            return
         db = self.clone("tpl_outbox")
         redis = spec.fault.startswith("redis")
         if redis and self.redis is None:
@@ -918,7 +953,10 @@ $$""")
         with engine.connect() as conn:
             total = conn.exec_driver_sql("SELECT count(*) FROM outbox_events").scalar()
         args = ["outbox", "relay"]
-        proc = self.product.start(*args, env=self.env_for(db, redis=redis))  # type: ignore[union-attr]
+        env = self.env_for(db, redis=redis)
+        if redis and self.redis is not None:  # the relay's sink is the Redis stream (BATCH_ASSETS_OUTBOX_SINK)
+            env["BATCH_ASSETS_OUTBOX_SINK"] = self.redis.url
+        proc = self.product.start(*args, env=env)  # type: ignore[union-attr]
         probe = Probe(self.pg, db, "SELECT count(*) FROM outbox_events WHERE status = 'SENT'")
         t_fault = time.monotonic()
         ok, seen = wait_progress(probe, max(1, int((total or 0) * spec.at)), [proc], timeout=240)
@@ -948,7 +986,8 @@ $$""")
                     return not conn.exec_driver_sql(
                         "SELECT count(*) FROM outbox_events WHERE status <> 'SENT'").scalar()
 
-            self.recover(db, args, res, t_fault, redis=redis, done=all_sent, faulted=faulted, faulted_end=faulted_end)
+            self.recover(db, args, res, t_fault, redis=redis, done=all_sent, faulted=faulted, faulted_end=faulted_end,
+                         env=env)
             ids = self._redis_stream_ids() if redis else self._jsonl_ids(sink)
             with engine.connect() as conn:
                 res.report = checker.check_outbox_sent(conn, ids, lost_with_sink)
@@ -956,6 +995,76 @@ $$""")
         if sink.exists():
             sink.rename(self.home / f"outbox-{db}.jsonl")  # kept for the secret scan
         self.pg.drop_database(db)
+
+    def _broker_relay_fault(self, spec: FaultSpec, res: FaultResult) -> None:
+        """The relay to a real broker (spec.mode: rabbitmq | nats) through a TCP proxy: unreachable before the first
+        batch, its connection cut mid-batch, its confirms held back (the send times out), or (NATS, the campaign's
+        own server) the broker stopped mid-batch. After recovery every event is SENT and in the broker at least
+        once, every message's broker-level id (message_id / Nats-Msg-Id) is its event id; duplicates are counted."""
+        broker = self.rabbit if spec.mode == "rabbitmq" else self.nats
+        if broker is None or (spec.fault == "broker_stop" and spec.mode != "nats"):
+            res.injected_note = f"skipped: no {spec.mode}"
+            return
+        db = self.clone("tpl_outbox")
+        broker.reset()
+        proxy = TcpProxy(broker.address)
+        proxy.mode = "down" if spec.fault == "broker_down" else "up"
+        env = dict(self.env_for(db), BATCH_ASSETS_OUTBOX_SINK=broker.url(proxy.port))
+        engine = self.admin(db)
+        args = ["outbox", "relay", "--batch-size", "250"]
+        try:
+            with engine.connect() as conn:
+                total = int(conn.exec_driver_sql("SELECT count(*) FROM outbox_events").scalar() or 0)
+            proc = self.product.start(*args, env=env)  # type: ignore[union-attr]
+            t_fault = time.monotonic()
+            if spec.fault == "broker_down":
+                res.injected, res.injected_note = True, "every connection refused from the start"
+            else:
+                probe = Probe(self.pg, db, "SELECT count(*) FROM outbox_events WHERE status = 'SENT'")
+                ok, seen = wait_progress(probe, max(1, int(total * spec.at)), [proc], timeout=240)
+                probe.close()
+                if ok:
+                    t_fault = time.monotonic()
+                    res.injected = True
+                    res.injected_note = f"{self._inject_broker(spec.fault, proxy)} at {seen:,}/{total:,} SENT"
+                else:
+                    res.injected_note = f"not injected: the relay ended first ({seen} SENT)"
+            faulted, faulted_end = self._finish_faulted(proc, res)
+            if not res.injected:
+                return
+            proxy.mode = "up"
+            if isinstance(broker, NatsServer) and not broker.running():
+                broker.start()
+
+            def all_sent(_: CliResult) -> bool:
+                with engine.connect() as conn:
+                    return not conn.exec_driver_sql(
+                        "SELECT count(*) FROM outbox_events WHERE status <> 'SENT'").scalar()
+
+            self.recover(db, args, res, t_fault, done=all_sent, faulted=faulted, faulted_end=faulted_end, env=env)
+            ids, wrong_id = delivered_ids(broker.read())
+            with engine.connect() as conn:
+                res.report = checker.check_outbox_sent(conn, ids)
+            if wrong_id:
+                res.report.add("message_id_mismatch", f"{wrong_id} messages carry another id than their event's")
+            res.notes.append(f"{sum(ids.values()):,} messages for {len(ids):,} events "
+                             f"({res.report.info.get('sink_resends', 0):,} duplicates, all with their event's id)")
+        finally:
+            proxy.close()
+            engine.dispose()
+            self.pg.drop_database(db)
+
+    def _inject_broker(self, fault: str, proxy: TcpProxy) -> str:
+        if fault == "broker_cut":
+            return f"{proxy.cut()} broker connection(s) reset"
+        if fault == "broker_mute":
+            proxy.mode = "mute"
+            return "confirms held back (the relay's send times out)"
+        if fault == "broker_stop":
+            assert self.nats is not None
+            self.nats.stop()
+            return "nats-server stopped"
+        raise ValueError(fault)
 
     @staticmethod
     def _jsonl_ids(path: Path) -> Counter[int]:
@@ -1052,7 +1161,8 @@ $$""")
         self.secrets["hits"] = sorted(set(self.secrets.get("hits", [])))
 
 
-def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool) -> list[FaultSpec]:
+def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
+         brokers: tuple[str, ...] = ()) -> list[FaultSpec]:
     """The seeded list of faults: kinds, modes and injection points."""
     def at() -> float:
         return round(rng.uniform(0.1, 0.8), 2)
@@ -1075,6 +1185,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool) -> list[
             FaultSpec("relay", "restart_immediate", None, at()),
             FaultSpec("sweep", "redis_between_ranges", "full", 0.0, 2) if redis
             else FaultSpec("sweep", "sigterm", "full", at(), workers()),
+            *([FaultSpec("relay", "broker_cut", brokers[0], at())] if brokers else []),
         ]
     specs = []
     for mode in ("full", "delta", "config-change"):
@@ -1106,7 +1217,13 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool) -> list[
         specs.append(FaultSpec("relay", fault, None, at()))
     if redis:
         specs.append(FaultSpec("relay", "redis_restart_empty", None, at()))
-    return specs
+    return specs + _broker_specs(brokers, at)
+
+
+def _broker_specs(brokers: tuple[str, ...], at: Callable[[], float]) -> list[FaultSpec]:
+    """The relay to each broker: unreachable, cut, mute, and (the campaign's own NATS) stopped mid-batch."""
+    return [FaultSpec("relay", fault, broker, 0.0 if fault == "broker_down" else at())
+            for broker in brokers for fault in BROKER_FAULTS if fault != "broker_stop" or broker == "nats"]
 
 
 def make_root() -> Path:
