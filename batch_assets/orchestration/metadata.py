@@ -6,6 +6,7 @@ by category, per range), so pandas' cost does not matter and its tables read wel
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -58,27 +59,67 @@ BUSINESS_TABLES = "business_tables"
 """The asset group of the tables other services write (observable source assets)."""
 
 
-def observe_table(engine: sa.Engine, query: str) -> dg.ObserveResult:
-    """Row counts by status (a (status, n, latest) query) as metadata; the data version changes whenever they do."""
+OBSERVED_TABLES: dict[str, str] = {}
+"""Business table → its observation query (module constants), filled by `observable_table`."""
+OBSERVE_TABLES_EVERY_S = 300
+"""How often the observation sensor looks at the business tables."""
+
+
+def table_numbers(engine: sa.Engine, query: str) -> tuple[str, dict[str, Any]]:
+    """(data version, metadata) of a business table: row counts by status from a (status, n, latest) query."""
     with engine.connect() as conn:
         rows = conn.exec_driver_sql(query).all()
     counts = {str(r.status): int(r.n) for r in rows}
     latest = max((r.latest for r in rows if r.latest), default="")
     version = ";".join(f"{k}={v}" for k, v in sorted(counts.items())) + f";{latest}"
     body = "\n".join(f"| {k} | {v:,} |" for k, v in sorted(counts.items()))
-    return dg.ObserveResult(
-        data_version=dg.DataVersion(version),
-        metadata={
-            "rows": sum(counts.values()),
-            "rows_by_status": dg.MetadataValue.md("| status | rows |\n|---|---:|\n" + (body or "| (none) | 0 |")),
-        },
-    )
+    return version, {
+        "rows": sum(counts.values()),
+        "rows_by_status": dg.MetadataValue.md("| status | rows |\n|---|---:|\n" + (body or "| (none) | 0 |")),
+    }
+
+
+def observe_table(engine: sa.Engine, query: str) -> dg.ObserveResult:
+    """Row counts by status (a (status, n, latest) query) as metadata; the data version changes whenever they do."""
+    version, metadata = table_numbers(engine, query)
+    return dg.ObserveResult(data_version=dg.DataVersion(version), metadata=metadata)
+
+
+def observe_business_tables(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """An observation of every business table whose numbers changed since the last tick (no run is started)."""
+    seen: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+    engine = context.resources.database.get_engine()
+    events = []
+    for table, query in sorted(OBSERVED_TABLES.items()):
+        version, metadata = table_numbers(engine, query)
+        if seen.get(table) != version:
+            events.append(dg.AssetObservation(asset_key=table, metadata=metadata,
+                                              description="observed by business_tables_observation_sensor"))
+            seen[table] = version
+    skip = None if events else dg.SkipReason("no business table changed")
+    return dg.SensorResult(asset_events=events, cursor=json.dumps(seen, sort_keys=True), skip_reason=skip)
+
+
+def business_tables_observation_sensor(job: Any, status: dg.DefaultSensorStatus) -> dg.SensorDefinition:
+    """Observes the business tables every OBSERVE_TABLES_EVERY_S s; `job` (their observation job) makes it their
+    automation in the UI, but it starts no run: it reports the observations itself."""
+    return dg.sensor(
+        name="business_tables_observation_sensor",
+        job=job,
+        minimum_interval_seconds=OBSERVE_TABLES_EVERY_S,
+        default_status=status,
+        required_resource_keys={"database"},
+        description=f"Observes the business tables (row counts by status) every {OBSERVE_TABLES_EVERY_S}s and "
+        "records an observation for each table whose numbers changed; starts no run.",
+    )(observe_business_tables)
 
 
 def observable_table(table: str, query: str, description: str) -> dg.SourceAsset:
     """An observable source asset for a business table; `query` is a module constant, never input."""
     def _observe(database: DatabaseResource) -> dg.ObserveResult:
         return observe_table(database.get_engine(), query)
+
+    OBSERVED_TABLES[table] = query
 
     with warnings.catch_warnings():
         # observable_source_asset is marked beta; the warning would print on every CLI command that

@@ -26,6 +26,7 @@ from batch_assets.domains.payments.dagster import SPEC as PAYMENT_QUEUE
 from batch_assets.domains.subscriptions.dagster import SPEC as SUBSCRIPTION_EXPIRY
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text
 from batch_assets.orchestration.automation import schedule_status, sensor_status
+from batch_assets.orchestration.metadata import business_tables_observation_sensor
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.settings import Settings, load_settings
 
@@ -152,6 +153,7 @@ def sensors(*, running: bool) -> list[dg.SensorDefinition]:
     return [
         *(s for spec in SPECS if spec.sensors for s in spec.sensors(status)),
         run_failure_alert_sensor,
+        business_tables_observation_sensor(business_tables_observation_job, status),
         dg.run_status_sensor(
             name="asset_checks_after_run_sensor",
             run_status=dg.DagsterRunStatus.SUCCESS,

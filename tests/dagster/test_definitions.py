@@ -81,13 +81,14 @@ def test_every_sensor_resolves(defs: dg.Definitions) -> None:
 
 
 def test_lineage_runs_customers_to_status_to_triggers_and_outbox(defs: dg.Definitions) -> None:
-    """The asset graph shows customers → customer_status, review_triggers and outbox_events, one materializable node."""
+    """The asset graph shows customers → customer_status → review_triggers and outbox_events, one materializable node."""
     graph = defs.resolve_asset_graph()
     key = dg.AssetKey
     sweep_keys = [key("customer_status"), key("review_triggers"), key("outbox_events")]
-    for sweep_key in sweep_keys:
+    assert graph.get(key("customer_status")).parent_keys == {key("customers")}
+    for sweep_key in sweep_keys[1:]:
         node = graph.get(sweep_key)
-        assert key("customers") in node.parent_keys and node.is_materializable, sweep_key
+        assert node.parent_keys == {key("customer_status")} and node.is_materializable, sweep_key
     assert len({graph.get(k).assets_def for k in sweep_keys}) == 1  # one graph-backed multi-asset
     assert {key("subscriptions"), key("enrollments")} <= graph.get(key("subscription_status")).parent_keys
     checks = {check.name for check in graph.asset_check_keys}

@@ -504,34 +504,43 @@ def report_customer_status(
             ))
 
 
-@dg.graph_multi_asset(
-    outs={
-        "customer_status": dg.AssetOut(
-            group_name=GROUP,
-            description="age_category and next_review_date of ACTIVE customers (the customer-status sweep).",
-            kinds={"postgres"},
-            is_required=False,
-        ),
-        "review_triggers": dg.AssetOut(
-            group_name=GROUP,
-            description="One review trigger per category change (unique per customer, category and effective date).",
-            kinds={"postgres"},
-            is_required=False,
-        ),
-        "outbox_events": dg.AssetOut(
-            group_name=GROUP,
-            description="age_category_changed events, one per changed customer; relayed by outbox_relay_job.",
-            kinds={"postgres"},
-            is_required=False,
-        ),
-    },
-    ins={"customers": dg.AssetIn(dagster_type=dg.Nothing)},
-    can_subset=False,
+SWEEP_ASSET_DESCRIPTIONS = {
+    "customer_status": "age_category and next_review_date of ACTIVE customers (the customer-status sweep).",
+    "review_triggers": "One review trigger per category change (unique per customer, category and effective date); "
+    "written by the sweep in the page write of the status.",
+    "outbox_events": "age_category_changed events, one per changed customer, written by the sweep with the status; "
+    "relayed by outbox_relay_job.",
+}
+
+
+@dg.graph(
+    name="customer_status_sweep",
+    ins={"customers": dg.GraphIn()},
+    out={name: dg.GraphOut() for name in SWEEP_ASSET_DESCRIPTIONS},
+    description="The customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report.",
 )
-def customer_status_sweep(customers: Any) -> Any:  # a graph body: Dagster wires the nodes
-    """The customer-status sweep: plan cursor ranges, sweep each (mapped), summarise, report."""
+def customer_status_sweep_assets_graph(customers: Any) -> Any:  # a graph body: Dagster wires the nodes
     ranges = plan_sweep().map(sweep_range).collect()
     return report_customer_status(summarise_sweep(ranges), ranges, customers=customers)
+
+
+customer_status_sweep = dg.AssetsDefinition.from_graph(
+    customer_status_sweep_assets_graph,
+    keys_by_input_name={"customers": dg.AssetKey("customers")},
+    keys_by_output_name={name: dg.AssetKey(name) for name in SWEEP_ASSET_DESCRIPTIONS},
+    # The lineage of what the sweep writes: the status from the customers, the triggers and the events from
+    # the status (CONTRACT §5: a changed status writes one trigger and one event).
+    internal_asset_deps={
+        "customer_status": {dg.AssetKey("customers")},
+        "review_triggers": {dg.AssetKey("customer_status")},
+        "outbox_events": {dg.AssetKey("customer_status")},
+    },
+    group_name=GROUP,
+    descriptions_by_output_name=SWEEP_ASSET_DESCRIPTIONS,
+    tags_by_output_name={name: {"dagster/kind/postgres": ""} for name in SWEEP_ASSET_DESCRIPTIONS},
+    can_subset=False,
+)
+"""customer_status, review_triggers and outbox_events: one graph-backed multi-asset over the sweep graph."""
 
 
 # --- checks (they run inside every run that materializes their assets) ------------------------

@@ -8,6 +8,7 @@ Lineage: payments ─▶ payment_status.
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -152,12 +153,34 @@ payments = observable_table(
     "SELECT status, count(*) AS n, max(created_at)::text AS latest FROM payments GROUP BY status",
     "Payments (written by other services); processed by the payment queue.",
 )
-payment_status = dg.AssetSpec(
-    "payment_status",
-    deps=["payments"],
-    group_name=NIGHTLY,
-    description="Status of payments (NEW / PROCESSING / DONE / FAILED), maintained by payment_queue_drain_job.",
-    kinds={"postgres"},
+def payment_status_metadata(engine: Any) -> dict[str, Any]:
+    """The numbers of payment_status shown between drains: counts by status, the oldest due payment, the DLQ."""
+    counts, table = counts_table(engine, sql.PAYMENTS_BY_STATUS, label="status")
+    stats = queue_stats(engine)
+    return {"oldest_due_s": float(stats["oldest_due_s"]), "dlq_size": int(stats["dlq_size"]),
+            "payments_by_status": table, **{f"payments_{k.lower()}": v for k, v in counts.items()}}
+
+
+@dg.multi_observable_source_asset(
+    specs=[dg.AssetSpec(
+        "payment_status",
+        deps=["payments"],
+        group_name=NIGHTLY,
+        description="Status of payments (NEW / PROCESSING / DONE / FAILED), maintained by payment_queue_drain_job; "
+        "payment_queue_drain_sensor is its automation (a drain when payments are due, an observation otherwise).",
+        kinds={"postgres"},
+    )],
+    name="observe_payment_status",
+)
+def payment_status(database: DatabaseResource) -> Any:
+    """Observe payment_status (no payment is touched)."""
+    yield dg.ObserveResult(asset_key="payment_status", metadata=payment_status_metadata(database.get_engine()))
+
+
+payment_status_observation_job = dg.define_asset_job(
+    "payment_status_observation_job",
+    selection=dg.AssetSelection.assets("payment_status"),
+    description="Observe payment_status (counts by status, oldest due payment, DLQ size); no payment is touched.",
 )
 
 
@@ -199,18 +222,15 @@ def _idle_observation(context: dg.SensorEvaluationContext, database: DatabaseRes
     state = json.loads(context.cursor) if context.cursor else {}
     if time.time() - float(state.get("observed_at") or 0) < OBSERVE_EVERY_S:
         return dg.SensorResult(skip_reason=dg.SkipReason(reason))
-    engine = database.get_engine()
-    counts, table = counts_table(engine, sql.PAYMENTS_BY_STATUS, label="status")
-    stats = queue_stats(engine)
-    digest = json.dumps([sorted(counts.items()), stats["dlq_size"]])
+    metadata = payment_status_metadata(database.get_engine())
+    digest = json.dumps(sorted((k, v) for k, v in metadata.items() if isinstance(v, int) and k != "oldest_due_s"))
     cursor = json.dumps({"observed_at": time.time(), "digest": digest})
     if digest == state.get("digest"):
         return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor)
     observation = dg.AssetObservation(
         asset_key="payment_status",
         description="observed by payment_queue_drain_sensor while nothing was due (no run)",
-        metadata={"oldest_due_s": float(stats["oldest_due_s"]), "dlq_size": int(stats["dlq_size"]),
-                  "payments_by_status": table, **{f"payments_{k.lower()}": v for k, v in counts.items()}},
+        metadata=metadata,
     )
     return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor, asset_events=[observation])
 
@@ -243,6 +263,7 @@ def payment_queue_drain(context: dg.SensorEvaluationContext, database: DatabaseR
     return dg.SensorResult(
         run_requests=[
             dg.RunRequest(
+                job_name=payment_queue_drain_job.name,
                 run_key=f"drain-after:{previous}",
                 run_config=dg.RunConfig(
                     ops={"drain_payment_queue": QueueDrainConfig(max_seconds=QUEUE_DRAIN_MAX_SECONDS, drain=True)}
@@ -256,7 +277,9 @@ def build_sensors(status: dg.DefaultSensorStatus) -> list[dg.SensorDefinition]:
     return [
         dg.sensor(
             name="payment_queue_drain_sensor",
-            job=payment_queue_drain_job,
+            # The observation job makes the sensor payment_status's automation in the UI (it observes the
+            # asset on idle ticks itself, without a run).
+            jobs=[payment_queue_drain_job, payment_status_observation_job],
             minimum_interval_seconds=10,
             default_status=status,
             description=f"Starts a payment queue drain when payments are due, at least {QUEUE_DRAIN_INTERVAL_S}s "
@@ -273,4 +296,5 @@ SPEC = JobSpec(
     assets=[payments, payment_status],
     asset_checks=[no_payment_stuck_in_processing, dead_letter_queue_size],
     sensors=build_sensors,
+    asset_jobs=[payment_status_observation_job],
 )
