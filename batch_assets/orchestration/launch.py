@@ -35,6 +35,7 @@ from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.orchestration.ops import run_in_thread
 from batch_assets.orchestration.registry import op_jobs, spec_for
 from batch_assets.orchestration.spec import JobSpec
+from batch_assets.orchestration.watchdog import cli_process_tags
 from batch_assets.settings import Settings
 
 EXECUTORS = ("in_process", "multiprocess", "celery")
@@ -161,7 +162,8 @@ def launch_job(
     )
     ensure_instance(settings)
     launch_id = uuid.uuid4().hex
-    all_tags = {"batch_assets/launched_by": "cli", LAUNCH_ID_TAG: launch_id, **(tags or {})}
+    # The process tag lets the dead-run watchdog fail this run at once if this process dies (orchestration.watchdog).
+    all_tags = {"batch_assets/launched_by": "cli", LAUNCH_ID_TAG: launch_id, **cli_process_tags(), **(tags or {})}
     with dg.DagsterInstance.get() as instance:
         try:
             result = run_in_thread(
@@ -263,7 +265,7 @@ def reexecute_from_failure(
                 dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(parent.job_name,)),
                 instance=instance,
                 run_config=run_config,
-                tags={"batch_assets/launched_by": "cli"},
+                tags={"batch_assets/launched_by": "cli", **cli_process_tags()},
                 reexecution_options=dg.ReexecutionOptions.from_failure(run_id, instance),
             ),
             name="batch-assets-run",

@@ -28,6 +28,7 @@ from batch_assets.errors import BatchAssetsError, ConfigError, error_text
 from batch_assets.orchestration.automation import schedule_status, sensor_status
 from batch_assets.orchestration.metadata import business_tables_observation_sensor
 from batch_assets.orchestration.spec import JobSpec
+from batch_assets.orchestration.watchdog import build_watchdog_sensor
 from batch_assets.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,12 @@ def resources(settings: Settings) -> dict[str, Any]:
     return chosen
 
 
+def watched_job_names() -> list[str]:
+    """Every job of the code location, whose STARTED runs the dead-run watchdog judges."""
+    return [*(name for spec in SPECS for name in spec.job_names), asset_checks_job.name,
+            business_tables_observation_job.name]
+
+
 def schedules(timezone: str, *, running: bool) -> list[dg.ScheduleDefinition]:
     """Every job's schedules, in `timezone`, RUNNING or STOPPED by default."""
     status = schedule_status(running)
@@ -148,11 +155,12 @@ def schedules(timezone: str, *, running: bool) -> list[dg.ScheduleDefinition]:
 
 def sensors(*, running: bool) -> list[dg.SensorDefinition]:
     """Every job's sensors plus the shared ones; those that start runs are RUNNING unless `running` is False.
-    The failure alert always runs."""
+    The failure alert and the dead-run watchdog (they start no runs) always run."""
     status = sensor_status(running)
     return [
         *(s for spec in SPECS if spec.sensors for s in spec.sensors(status)),
         run_failure_alert_sensor,
+        build_watchdog_sensor(watched_job_names()),
         business_tables_observation_sensor(business_tables_observation_job, status),
         dg.run_status_sensor(
             name="asset_checks_after_run_sensor",

@@ -32,6 +32,7 @@ from batch_assets.orchestration.ops import (
 from batch_assets.orchestration.progress import OpProgress
 from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.orchestration.spec import JobSpec
+from batch_assets.orchestration.watchdog import fail_if_dead
 from batch_assets.settings import load_settings
 from batch_assets.shutdown import STOP
 
@@ -245,15 +246,21 @@ def payment_queue_drain(context: dg.SensorEvaluationContext, database: DatabaseR
         filters=dg.RunsFilter(job_name=payment_queue_drain_job.name), limit=1
     )
     last = records[0] if records else None
+    died = None
     if last is not None:
         run = last.dagster_run
+        # A drain whose process died is failed here by the watchdog's rule (orchestration.watchdog), so payments
+        # never stop being drained behind it (the next one starts at once); one that never started is failed by
+        # Dagster's run monitoring.
         if run.status in IN_PROGRESS:
-            return dg.SensorResult(skip_reason=dg.SkipReason(f"drain {run.run_id} is {run.status.value}"))
+            died = fail_if_dead(context.instance, database.get_engine(), last, load_settings().redis_url)
+            if died is None:
+                return dg.SensorResult(skip_reason=dg.SkipReason(f"drain {run.run_id} is {run.status.value}"))
     due_in = _seconds_until_due(database)
     if due_in is None or due_in > 0:
         reason = "no payment queued" if due_in is None else f"no payment due (next in {due_in:.0f}s)"
         return _idle_observation(context, database, reason)
-    if last is not None:
+    if last is not None and died is None:
         finished = last.end_time or (last.update_timestamp.timestamp() if last.update_timestamp else 0.0)
         wait_s = finished + QUEUE_DRAIN_INTERVAL_S - time.time()
         if wait_s > 0:
