@@ -160,8 +160,8 @@ def sensors(*, running: bool) -> list[dg.SensorDefinition]:
     return [
         *(s for spec in SPECS if spec.sensors for s in spec.sensors(status)),
         run_failure_alert_sensor,
-        build_watchdog_sensor(watched_job_names()),
         business_tables_observation_sensor(business_tables_observation_job, status),
+        build_watchdog_sensor(watched_job_names()),
         dg.run_status_sensor(
             name="asset_checks_after_run_sensor",
             run_status=dg.DagsterRunStatus.SUCCESS,
