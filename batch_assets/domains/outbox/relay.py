@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -136,7 +137,11 @@ def relay_batch(engine: sa.Engine, *, sink: Sink, owner: str, settings: RelaySet
 
     Only events the sink confirmed are marked SENT: on SinkNotConfirmed the confirmed part is marked and
     the rest released; on any other failure the whole batch is released (it stays PENDING)."""
-    events = _claim(engine, owner, settings)
+    return send_claimed(engine, _claim(engine, owner, settings), sink=sink, owner=owner)
+
+
+def send_claimed(engine: sa.Engine, events: list[OutboxEvent], *, sink: Sink, owner: str) -> tuple[int, int]:
+    """Send and mark a claimed batch (see relay_batch)."""
     if not events:
         return 0, 0
     ids = [e.id for e in events]
@@ -188,19 +193,43 @@ def relay_outbox(
     started = time.monotonic()
     sent = batches = 0
     free_dead_claims(engine)
-    while stop is None or not stop.is_set():
+    # While a full batch is with the sink, the next one is claimed on another connection (its own
+    # autocommit statement): the database's work overlaps the broker's instead of adding to it.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-claim") as pool:
+        ahead: Future[list[OutboxEvent]] | None = None
         try:
-            claimed, marked = relay_batch(engine, sink=sink, owner=owner, settings=settings)
-        except Exception as exc:  # the sink's or the database's; the caller gets it in the result
-            log.warning("outbox relay: batch failed (%s); it stays PENDING", type(exc).__name__)
-            return RelayResult(sent, batches, time.monotonic() - started, error=type(exc).__name__, failures=1)
-        if claimed == 0:
-            break
-        sent += marked
-        batches += 1
-        if claimed < settings.batch_size:
-            break
+            while stop is None or not stop.is_set():
+                try:
+                    events = ahead.result() if ahead is not None else _claim(engine, owner, settings)
+                    ahead = None
+                    if len(events) == settings.batch_size:
+                        ahead = pool.submit(_claim, engine, owner, settings)
+                    claimed, marked = send_claimed(engine, events, sink=sink, owner=owner)
+                except Exception as exc:  # the sink's or the database's; the caller gets it in the result
+                    log.warning("outbox relay: batch failed (%s); it stays PENDING", type(exc).__name__)
+                    return RelayResult(sent, batches, time.monotonic() - started, error=type(exc).__name__,
+                                       failures=1)
+                if claimed == 0:
+                    break
+                sent += marked
+                batches += 1
+                if claimed < settings.batch_size:
+                    break
+        finally:
+            if ahead is not None:
+                _release_ahead(engine, ahead, owner)
     return RelayResult(sent, batches, time.monotonic() - started)
+
+
+def _release_ahead(engine: sa.Engine, ahead: Future[list[OutboxEvent]], owner: str) -> None:
+    """Give back a batch claimed ahead and never sent (a failure or a stop came first)."""
+    try:
+        events = ahead.result()
+    except Exception as exc:  # noqa: BLE001 - the claim itself failed: nothing was claimed
+        log.warning("outbox relay: the claim ahead failed (%s); nothing to give back", type(exc).__name__)
+        return
+    if events:
+        _release(engine, [e.id for e in events], owner)
 
 
 def follow_outbox(
