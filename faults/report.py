@@ -153,13 +153,15 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         "- one review trigger and one outbox event per transition, none without one;",
         "- every payment DONE, written DONE once, at most 2 accepted POSTs per Idempotency-Key;",
         "- subscriptions all-or-nothing (EXPIRED ⇒ no enrollments; ACTIVE/FAILED ⇒ all of them);",
-        "- every outbox event SENT and in the sink;",
+        "- every outbox event SENT and in the sink; with a broker (RabbitMQ, NATS JetStream) every message carries",
+        "  its own event id (message_id / Nats-Msg-Id), duplicates counted, none lost;",
         "- truthfulness: a run that ended SUCCESS left no row in scope uncomputed beyond its `failed` count.",
         "",
         f"- command: `{command}`",
         f"- seed: `{c.seed}`; run date {c.run_date}; {c.sizes.customers:,} customers, "
         f"{c.sizes.subscriptions:,} subscriptions, {c.sizes.payments:,} payments per fault",
-        f"- PostgreSQL binaries: `{c.pg.bindir}`; Redis: {'yes' if c.redis else 'absent (lock-store faults skipped)'}",
+        f"- PostgreSQL binaries: `{c.pg.bindir}`; Redis: {'yes' if c.redis else 'absent (lock-store faults skipped)'}"
+        f"; brokers: {', '.join(c.brokers()) or 'none (broker faults skipped)'}",
         f"- {len(results)} faults planned, {len(injected)} injected, {passed} passed; rows lost "
         f"{sum(r.report.rows_lost for r in injected):,}, stale {sum(r.report.stale for r in injected):,}, "
         f"duplicates {sum(r.report.duplicates for r in injected):,}; "
