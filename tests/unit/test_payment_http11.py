@@ -99,7 +99,10 @@ def test_refused_and_timed_out_calls_are_http_errors_without_the_url() -> None:
         assert info.value.kind == "connection_error" and "secret" not in str(info.value)
 
         async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.read()  # never answers
+            try:
+                await reader.read()  # never answers
+            finally:
+                writer.close()  # when the loop ends (cancelled): else the accepted socket leaks
 
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
