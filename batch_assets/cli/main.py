@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from batch_assets.cli import db, jobs, outbox, queue, rules, seed, subscriptions, sweep, tools
+from batch_assets.cli import db, jobs, outbox, queue, retention, rules, seed, subscriptions, sweep, tools
 from batch_assets.cli.args import Parser
 from batch_assets.cli.output import emit, empty_summary, err
 from batch_assets.errors import (
@@ -27,7 +27,7 @@ from batch_assets.errors import (
 from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.settings import load_settings
 
-GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, tools)
+GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, retention, tools)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,13 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 JOB_COMMANDS = {sweep.cmd_sweep, subscriptions.cmd_subscriptions_expire, queue.cmd_queue_work, outbox.cmd_outbox_relay,
-                jobs.cmd_jobs_run}
+                jobs.cmd_jobs_run, retention.cmd_retention_run}
 
 
 def _looks_like_job(argv: Sequence[str] | None) -> bool:
     words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")]
     return words[:1] == ["sweep"] or words[:2] in (
-        ["subscriptions", "expire"], ["queue", "work"], ["outbox", "relay"], ["jobs", "run"]
+        ["subscriptions", "expire"], ["queue", "work"], ["outbox", "relay"], ["jobs", "run"], ["retention", "run"]
     )
 
 

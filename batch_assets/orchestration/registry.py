@@ -23,6 +23,7 @@ from batch_assets.db.engine import one_off_engine
 from batch_assets.domains.customer_status.dagster import SPEC as CUSTOMER_STATUS
 from batch_assets.domains.outbox.dagster import SPEC as OUTBOX_RELAY
 from batch_assets.domains.payments.dagster import SPEC as PAYMENT_QUEUE
+from batch_assets.domains.retention.dagster import SPEC as RETENTION
 from batch_assets.domains.subscriptions.dagster import SPEC as SUBSCRIPTION_EXPIRY
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text
 from batch_assets.orchestration.automation import schedule_status, sensor_status
@@ -38,6 +39,7 @@ SPECS: tuple[JobSpec, ...] = (
     SUBSCRIPTION_EXPIRY,
     PAYMENT_QUEUE,
     OUTBOX_RELAY,
+    RETENTION,
 )
 
 
