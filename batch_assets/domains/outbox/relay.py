@@ -144,6 +144,12 @@ def send_claimed(engine: sa.Engine, events: list[OutboxEvent], *, sink: Sink, ow
     """Send and mark a claimed batch (see relay_batch)."""
     if not events:
         return 0, 0
+    return len(events), _mark_confirmed(engine, _send(engine, events, sink, owner), owner)
+
+
+def _send(engine: sa.Engine, events: list[OutboxEvent], sink: Sink, owner: str) -> list[int]:
+    """Send a claimed batch; the ids to mark SENT (all of them), or raise having marked the confirmed part
+    and released the rest."""
     ids = [e.id for e in events]
     try:
         sink.send_batch(events)  # no transaction is open here
@@ -156,11 +162,15 @@ def send_claimed(engine: sa.Engine, events: list[OutboxEvent], *, sink: Sink, ow
     except BaseException:
         _release(engine, ids, owner)
         raise
+    return ids
+
+
+def _mark_confirmed(engine: sa.Engine, ids: list[int], owner: str) -> int:
     marked = _mark_sent(engine, ids, owner)
     if marked < len(ids):
         log.warning("outbox relay: %d of %d events were claimed by another relay meanwhile (sent again)",
                     len(ids) - marked, len(ids))
-    return len(events), marked
+    return marked
 
 
 def free_dead_claims(engine: sa.Engine) -> int:
@@ -193,10 +203,13 @@ def relay_outbox(
     started = time.monotonic()
     sent = batches = 0
     free_dead_claims(engine)
-    # While a full batch is with the sink, the next one is claimed on another connection (its own
-    # autocommit statement): the database's work overlaps the broker's instead of adding to it.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-claim") as pool:
+    error: str | None = None
+    # While a full batch is with the sink, the next one is claimed, and the previous one marked SENT, on
+    # other connections (each its own autocommit statement): the database's work overlaps the broker's
+    # instead of adding to it. A batch is marked SENT only after the sink confirmed it, as before.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="outbox-db") as pool:
         ahead: Future[list[OutboxEvent]] | None = None
+        marking: Future[int] | None = None
         try:
             while stop is None or not stop.is_set():
                 try:
@@ -204,20 +217,30 @@ def relay_outbox(
                     ahead = None
                     if len(events) == settings.batch_size:
                         ahead = pool.submit(_claim, engine, owner, settings)
-                    claimed, marked = send_claimed(engine, events, sink=sink, owner=owner)
+                    ids = _send(engine, events, sink, owner) if events else []
+                    if marking is not None:
+                        sent, marking = sent + marking.result(), None
+                    if ids:
+                        marking = pool.submit(_mark_confirmed, engine, ids, owner)
                 except Exception as exc:  # the sink's or the database's; the caller gets it in the result
-                    log.warning("outbox relay: batch failed (%s); it stays PENDING", type(exc).__name__)
-                    return RelayResult(sent, batches, time.monotonic() - started, error=type(exc).__name__,
-                                       failures=1)
-                if claimed == 0:
+                    error = type(exc).__name__
                     break
-                sent += marked
+                if not events:
+                    break
                 batches += 1
-                if claimed < settings.batch_size:
+                if len(events) < settings.batch_size:
                     break
         finally:
             if ahead is not None:
                 _release_ahead(engine, ahead, owner)
+            if marking is not None:
+                try:
+                    sent += marking.result()
+                except Exception as exc:  # the batch stays claimed until its lease passes, then is sent again
+                    error = error or type(exc).__name__
+    if error is not None:
+        log.warning("outbox relay: batch failed (%s); it stays PENDING", error)
+        return RelayResult(sent, batches, time.monotonic() - started, error=error, failures=1)
     return RelayResult(sent, batches, time.monotonic() - started)
 
 
