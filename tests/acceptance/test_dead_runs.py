@@ -62,15 +62,18 @@ def test_kill_9_of_the_run_worker_fails_the_run_with_the_alert_and_the_next_run_
     with dg.DagsterInstance.from_config(str(home)) as instance:
         [dead] = _sweeps_in_progress(instance)
         assert dead.status == dg.DagsterRunStatus.STARTED  # what Dagster alone leaves behind
-        alert_cursor = _tick(defs, "run_failure_alert_sensor", instance, db_url).cursor
         with caplog.at_level(logging.ERROR):
             assert "dead run(s) marked failed" in (_tick(defs, "dead_run_watchdog_sensor", instance, db_url)
                                                    .skip_message or "")
-            assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
+            failed = instance.get_run_by_id(dead.run_id)
+            assert failed.status == dg.DagsterRunStatus.FAILURE
             assert _sweeps_in_progress(instance) == []  # the sweep limit no longer counts it: queued runs start
-            alert_tick = _tick(defs, "run_failure_alert_sensor", instance, db_url, cursor=alert_cursor)
-        # The failure alert fired for it (run_failure_alert_sensor reacted, and its ALERT line names the cause).
-        assert [r.dagster_run.run_id for r in alert_tick.dagster_run_reactions] == [dead.run_id]
+            # The failure event is what run_failure_alert_sensor reacts to on the daemon: its alert names the cause.
+            [failure] = instance.get_records_for_run(dead.run_id, of_type=dg.DagsterEventType.RUN_FAILURE).records
+            alert = defs.resolve_sensor_def("run_failure_alert_sensor")
+            alert(dg.build_run_status_sensor_context(
+                sensor_name=alert.name, dagster_event=failure.event_log_entry.dagster_event,
+                dagster_instance=instance, dagster_run=failed).for_run_failure())
         alerts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT")]
         assert any(dead.run_id in a and "is dead" in a for a in alerts), alerts
     assert scalar(engine, "SELECT count(*) FROM ba_leases") == 0
