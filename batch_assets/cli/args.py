@@ -56,15 +56,17 @@ def _shown(text: str) -> str:
     return repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
 
 
-def positive(name: str, maximum: int = MAX_COUNT) -> Callable[[str], int]:
-    """A whole number 0..maximum in ASCII digits, nothing else: no sign, space, '_' or other digits."""
+def positive(name: str, maximum: int = MAX_COUNT, *, minimum: int = 0) -> Callable[[str], int]:
+    """A whole number minimum..maximum in ASCII digits, nothing else: no sign, space, '_' or other digits."""
 
     def parse(text: str) -> int:
         _not_empty(name, text)
         if not WHOLE_NUMBER_RE.fullmatch(text):
             raise argparse.ArgumentTypeError(
-                f"{name} must be a whole number 0..{maximum} in ASCII digits, got {_shown(text)}")
+                f"{name} must be a whole number {minimum}..{maximum} in ASCII digits, got {_shown(text)}")
         value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be at least {minimum}, got {value}")
         if value > maximum:
             raise argparse.ArgumentTypeError(f"{name} must be at most {maximum}, got {value}")
         return value
@@ -73,13 +75,8 @@ def positive(name: str, maximum: int = MAX_COUNT) -> Callable[[str], int]:
 
 
 def at_least_one(name: str, maximum: int = MAX_COUNT) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = positive(name, maximum)(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {value}")
-        return value
-
-    return parse
+    """A whole number 1..maximum in ASCII digits."""
+    return positive(name, maximum, minimum=1)
 
 
 def seed_value(text: str) -> int:

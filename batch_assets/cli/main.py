@@ -49,9 +49,16 @@ def _looks_like_job(argv: Sequence[str] | None) -> bool:
     )
 
 
+# Dagster's API-stability notices (an API "is currently in beta/preview", "is superseded") speak to the developers
+# of this code, not to an operator: on the CLI's stderr they would bury the one line of CONTRACT §2.
+DAGSTER_API_NOTICES = r".* is (currently in (beta|preview)|superseded)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
+    import warnings
 
+    warnings.filterwarnings("ignore", message=DAGSTER_API_NOTICES)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     func = None

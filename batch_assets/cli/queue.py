@@ -123,7 +123,7 @@ def register(sub: Any) -> None:
     en.set_defaults(func=cmd_queue_enqueue)
     wk = queue.add_parser("work", help="the resident payment worker (until SIGTERM/SIGINT, --max-seconds or --drain)")
     wk.add_argument("--concurrency", type=positive("concurrency"), default=None)
-    wk.add_argument("--max-seconds", type=decimal("max-seconds"), default=None)
+    wk.add_argument("--max-seconds", type=decimal("max_seconds"), default=None)
     wk.add_argument("--drain", action="store_true", help="exit once nothing is due")
     wk.add_argument("--db-outage-s", type=positive("db-outage-s"), default=None,
                     help="seconds a lost database connection is retried before the worker fails (default 60, max 600)")

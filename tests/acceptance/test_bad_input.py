@@ -161,6 +161,8 @@ EMPTY_CASES = [
     (["jobs", "run", "subscription_expiry_job", "--set", "run_date= "], "run_date"),
     (["outbox", "relay", "--batch-size", ""], "batch-size"),
     (["outbox", "relay", "--follow", "--max-seconds", ""], "max-seconds"),
+    (["retention", "run", "--older-than-days", ""], "older_than_days"),
+    (["retention", "run", "--batch-size", " "], "batch_size"),
 ]
 
 
@@ -203,6 +205,8 @@ NUMBER_CASES = [
     (["queue", "work", "--drain", "--max-seconds", "700000"], "max_seconds"),
     (["queue", "work", "--drain", "--db-outage-s", "+5"], "db-outage-s"),
     (["outbox", "relay", "--batch-size", " 10"], "batch-size"),
+    (["retention", "run", "--older-than-days", "+30"], "older_than_days"),
+    (["retention", "run", "--older-than-days", "0"], "older_than_days"),
     ([*SWEEP_JOB, "--set", "workers=+2"], "workers"),
     ([*SWEEP_JOB, "--set", "workers= 2"], "workers"),
     ([*SWEEP_JOB, "--set", "workers=2.0"], "workers"),
