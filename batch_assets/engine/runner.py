@@ -311,7 +311,7 @@ class _Run:
             # watermark stays before this page and the run will end FAILURE (resumable from here).
             advance = False
             self.unwritten += unwritten
-        if page.scanned and page.systemic > self.settings.breaker_ratio * page.scanned:
+        if self._over_ratio(page):
             # A systemically failed page never moves the low watermark (nor, FIFO, any page after it), so a
             # resume redoes it; the breaker itself only counts once the run has seen breaker_min_rows rows.
             advance = False
@@ -330,6 +330,15 @@ class _Run:
         self._after_page(seconds)
         return reason, advance, last_cursor
 
+    def _over_ratio(self, page: PageCounts) -> bool:
+        """Whether a page's new systemic failures exceed the breaker ratio.
+
+        A short page (the last one of a range, or of a small delta) is judged as if it held at least
+        `min(page_size, MIN_ADAPTIVE_PAGE)` rows: one hostile row among the 4 rows of a last page is not
+        "25% of the rows failing", while a wrong key fails every row of every page and still trips it."""
+        floor = min(self.settings.page_size, MIN_ADAPTIVE_PAGE)
+        return page.systemic > self.settings.breaker_ratio * max(page.scanned, floor)
+
     def _hold_or_write_failures(self, page: PageCounts) -> str | None:
         """What becomes of failed rows' writes held back by pages over the breaker ratio (`page.deferred`).
 
@@ -340,7 +349,7 @@ class _Run:
         brings the run to breaker_min_rows without tripping, they are data failures and are written, as at
         the end of a run that never got there. Returns a stop reason when that write could not be done."""
         deferred, page.deferred = page.deferred, None
-        over_ratio = page.scanned and page.systemic > self.settings.breaker_ratio * page.scanned
+        over_ratio = self._over_ratio(page)
         judged = self.counters.scanned + page.scanned >= self.settings.breaker_min_rows
         if over_ratio and judged:
             self._held.clear()
@@ -580,7 +589,7 @@ class _Run:
                 page.unchanged += 1
             if outcome.change is not None:
                 changed.append(outcome)
-        if changed and page.systemic > self.settings.breaker_ratio * page.scanned:
+        if changed and self._over_ratio(page):
             # This page may trip the breaker (a wrong key, a broken dependency): its failed rows' writes (the
             # marker, the cleared date) wait for the drain, which knows whether it trips. If it does, they are
             # never written, so a systemic failure never turns rows into "known bad" ones and a wrong key

@@ -206,3 +206,16 @@ def test_a_page_over_the_breaker_ratio_in_a_run_too_small_to_trip_leaves_its_row
     assert (result.status, result.failed_by_type["decrypt_failure"], result.changed) == ("SUCCESS", 5, 15)
     stored = _stored(engine)
     assert all(stored[row[0]] == (SETTLED[0], None, "decrypt_failure") for row in bad)
+
+
+def test_one_hostile_row_in_a_short_last_page_does_not_trip_the_breaker(engine: sa.Engine, cipher: DobCipher) -> None:
+    """A copied ciphertext among the 4 rows of a run's last page, after breaker_min_rows rows, is one failed row,
+    not "25% of a page failing": the run ends SUCCESS and the row is left due and named."""
+    rows = [customer(cipher, "1990-07-01", customer_id=uuid.UUID(int=i + 1)) for i in range(104)]
+    copied = uuid.UUID(int=104)  # the highest id: the last row of the last page (full reads in id order)
+    rows[-1] = (copied, "ACTIVE", rows[0][2], *SETTLED)
+    copy_customers(engine, rows)
+    result = _sweep(engine, cipher, "full", SweepSettings.build(workers=1, window=1, page_size=100))
+    assert result.status == "SUCCESS", result.stopped_reason
+    assert (result.pages, result.failed_by_type["decrypt_failure"], result.changed) == (2, 1, 103)
+    assert _stored(engine)[copied] == (SETTLED[0], None, "decrypt_failure")
