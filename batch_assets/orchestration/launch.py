@@ -117,7 +117,7 @@ def build_run_config(
     if executor not in (*EXECUTORS, *spec.variants):
         raise ConfigError(f"must be one of {', '.join(EXECUTORS)}, got {executor!r}", field="executor")
     run_config: dict[str, Any] = {
-        "ops": {spec.config_op: {"config": config.model_dump()}},
+        "ops": {spec.config_op: {"config": config.model_dump(mode="json")}},
         "loggers": {"console": {"config": {"log_level": "WARNING"}}},
     }
     if executor == "in_process":

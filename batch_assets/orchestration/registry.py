@@ -89,7 +89,7 @@ business_tables_observation_job = dg.define_asset_job(
 )
 def run_failure_alert_sensor(context: dg.RunFailureSensorContext) -> None:
     run = context.dagster_run
-    error = context.failure_event.message if context.failure_event else "run failed"
+    error = _failure_line(context)
     text = f"batch_assets: run {run.run_id} of {run.job_name} FAILED: {error}"
     context.log.error(text)
     settings = load_settings()
@@ -101,6 +101,18 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext) -> None:
         {"run_id": run.run_id, "job": run.job_name, "status": "FAILURE", "error": error},
         settings.alert_webhook,
     )
+
+
+def _failure_line(context: dg.RunFailureSensorContext) -> str:
+    """What failed, in one line: the first failed step's own message (e.g. `invalid configuration: workers: ...`),
+    else the run's failure message ("Steps failed: [...]" names only the steps)."""
+    for event in context.get_step_failure_events():
+        data = event.step_failure_data
+        user = data.user_failure_data
+        text = (user.description if user is not None else None) or (data.error.message if data.error else "")
+        if text.strip():
+            return f"{event.step_key}: {text.strip().splitlines()[0]}"
+    return (context.failure_event.message if context.failure_event else None) or "run failed"
 
 
 def asset_checks_after_run(context: dg.RunStatusSensorContext) -> dg.RunRequest | dg.SkipReason:

@@ -225,3 +225,42 @@ def test_expiry_ends_failure_with_an_alert_after_three_consecutive_batch_failure
     [alert] = received
     assert (alert["kind"], alert["status"], alert["batch_retries"]) == ("batch_failures", "FAILURE", 2)
     assert "3 consecutive batch failures" in alert["text"]
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("workers", 100000, "invalid configuration: workers: "),
+    ("run_date", "tomorrow", "invalid configuration: run_date: "),
+])
+def test_a_config_mistake_fails_at_plan_in_one_line_and_the_alert_gives_that_line(
+    dagster_env: Settings, engine: sa.Engine, webhook: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch,
+    field: str, value: object, expected: str,
+) -> None:
+    """A value the launchpad lets through fails plan_sweep with one line naming the field; the alert carries it."""
+    url, received = webhook
+    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
+    sensor = defs.resolve_sensor_def("run_failure_alert_sensor")
+    with dg.instance_for_test() as instance:
+        failed = get_job("customer_status_sweep_job").execute_in_process(
+            run_config={"ops": {"plan_sweep": {"config": {field: value}}}}, instance=instance, raise_on_error=False,
+        )
+        [failure] = failed.get_step_failure_events()
+        description = failure.step_failure_data.user_failure_data.description
+        assert description.startswith(expected) and "\n" not in description
+        assert "ValidationError" not in description and "pydantic" not in description
+        context = dg.build_run_status_sensor_context(
+            sensor_name="run_failure_alert_sensor", dagster_event=failed.get_run_failure_event(),
+            dagster_instance=instance, dagster_run=failed.dagster_run,
+        ).for_run_failure()
+        sensor(context)
+    [alert] = received
+    assert f"plan_sweep: {description}" in alert["text"] and "Steps failed" not in alert["text"]
+
+
+def test_the_launchpad_refuses_an_unknown_mode_before_the_run() -> None:
+    """The mode is a config Enum: Dagster's own config check (what the launchpad runs) refuses 'fulll'."""
+    job = defs.resolve_job_def("customer_status_asset_job")
+    config = {"ops": {"customer_status_sweep": {"ops": {"plan_sweep": {"config": {"mode": "fulll"}}}}}}
+    with pytest.raises(dg.DagsterInvalidConfigError, match="mode"):
+        dg.validate_run_config(job, config)
+    config["ops"]["customer_status_sweep"]["ops"]["plan_sweep"]["config"]["mode"] = "config-change"
+    dg.validate_run_config(job, config)

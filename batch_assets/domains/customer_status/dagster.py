@@ -19,17 +19,18 @@ rules sensor and "Materialize" in the UI start). Lineage:
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
+import enum
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import dagster as dg
 import sqlalchemy as sa
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from batch_assets import run_history
 from batch_assets.db.engine import one_off_engine
@@ -59,6 +60,7 @@ from batch_assets.orchestration.celery import celery_on_redis_executor
 from batch_assets.orchestration.config import DatedConfig, count_field, seconds_field
 from batch_assets.orchestration.metadata import counts_table, observable_table, records_table, run_numbers
 from batch_assets.orchestration.ops import (
+    config_failure,
     empty_summary,
     finish,
     resolve_run_date,
@@ -102,10 +104,21 @@ class SweepPlan:
     engine: SweepSettings
 
 
+SweepMode = enum.Enum("SweepMode", [(mode, mode) for mode in SWEEP_MODES], type=str)  # type: ignore[misc]
+"""The sweep's modes as a Dagster config Enum: the launchpad refuses any other value before the run starts."""
+if TYPE_CHECKING:
+    ModeValue = str  # a mode is given as its string; pydantic turns it into the member
+else:
+    ModeValue = SweepMode
+
+
 class SweepConfig(DatedConfig):
     """Customer-status sweep (CONTRACT §2 `sweep customer-status`). 0 or missing = the documented default."""
 
-    mode: str = Field(default="delta", description="delta | full | config-change. Default delta.")
+    mode: ModeValue = Field(
+        default=cast(Any, SweepMode("delta")),
+        description="delta | full | config-change (the launchpad checks it). Default delta.",
+    )
     ranges: int = count_field(
         str(DEFAULT_RANGES), maximum=MAX_RANGES,
         description="Cursor ranges (UUID key ranges, one mapped op each) for full/config-change; delta is "
@@ -145,25 +158,19 @@ class SweepConfig(DatedConfig):
     pool_size: int = count_field("max(10, workers + 3)", maximum=MAXIMA["pool_size"],
                            description="Connection budget per range process.")
 
-    @field_validator("mode")
-    @classmethod
-    def _mode(cls, value: str) -> str:
-        if value not in SWEEP_MODES:
-            raise ValueError(f"mode: must be one of {', '.join(SWEEP_MODES)}, got {value!r}")
-        return value
-
     def to_settings(self) -> SweepPlan:
         """Validate everything (ConfigError naming the field) and return the plan + engine settings."""
-        if self.mode not in SWEEP_MODES:
-            raise ConfigError(f"must be one of {', '.join(SWEEP_MODES)}, got {self.mode!r}", field="mode")
+        mode = str(getattr(self.mode, "value", self.mode))
+        if mode not in SWEEP_MODES:
+            raise ConfigError(f"must be one of {', '.join(SWEEP_MODES)}, got {mode!r}", field="mode")
         self.check_fields()
         run_date = self.checked_run_date()
-        ranges = 1 if self.mode == "delta" else (self.ranges or DEFAULT_RANGES)
+        ranges = 1 if mode == "delta" else (self.ranges or DEFAULT_RANGES)
         workers = self.workers or SweepSettings.workers
         values = {name: getattr(self, name) for name in ENGINE_FIELDS}
         values["pool_size"] = self.pool_size or max(SweepSettings.pool_size, workers + 3)
         engine = SweepSettings.build(**values)
-        return SweepPlan(mode=self.mode, run_date=run_date, ranges=ranges, engine=engine)
+        return SweepPlan(mode=mode, run_date=run_date, ranges=ranges, engine=engine)
 
 
 ENGINE_FIELDS = tuple(name for name in SweepConfig.model_fields if name in SweepSettings.__dataclass_fields__)
@@ -213,13 +220,25 @@ def _in_process(context: dg.OpExecutionContext) -> bool:
     return "in_process" in (execution.get("config") or {})
 
 
+def config_from_run(op_config: Any) -> SweepConfig:
+    """The run's SweepConfig from the op's config, checked like the CLI's (`from_values`, then `to_settings` in
+    validated_plan): a value the launchpad's types let through (`workers: 100000`, `run_date: "tomorrow"`) fails
+    the run with one line naming the field, not a pydantic trace."""
+    try:
+        return SweepConfig.from_values(dict(op_config or {}))
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+
+
 @dg.op(
     out=dg.DynamicOut(RangeTask, description="One task per cursor range."),
     tags={"kind": "sweep"},
+    # The launchpad checks this schema (field types, the mode Enum) before the run starts; the bounds and
+    # the run date are checked by config_from_run when it starts.
+    config_schema=cast(Any, SweepConfig.to_config_schema()),
 )
 def plan_sweep(
     context: dg.OpExecutionContext,
-    config: SweepConfig,
     database: DatabaseResource,
     encryption: EncryptionResource,
     job_lock: JobLockResource,
@@ -228,6 +247,7 @@ def plan_sweep(
     """Validate the run config, fix the run date, take the run's lock + lease, register the ranges' checkpoint
     generation (resuming an unfinished one) and map the cursor ranges."""
     started_at = utcnow()
+    config = config_from_run(context.op_config)
     # A missing or malformed key stops the run here too, before any read.
     plan = validated_plan(config, encryption.cipher)
     run_date = resolve_run_date(plan.run_date)
@@ -628,7 +648,7 @@ SWEEP_GRAPH_NODE = "customer_status_sweep"
 
 def sweep_run_config(config: SweepConfig) -> dict:
     """Run config of customer_status_asset_job for one sweep (plan_sweep's config, nested under the graph)."""
-    return {"ops": {SWEEP_GRAPH_NODE: {"ops": {"plan_sweep": {"config": config.model_dump()}}}}}
+    return {"ops": {SWEEP_GRAPH_NODE: {"ops": {"plan_sweep": {"config": config.model_dump(mode="json")}}}}}
 
 
 def _sweep_tick(mode: str, timezone: str) -> Callable[[dg.ScheduleEvaluationContext], dg.RunRequest]:
