@@ -20,6 +20,7 @@ rules sensor and "Materialize" in the UI start). Lineage:
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
 import enum
+import json
 import logging
 import time
 import uuid
@@ -347,8 +348,11 @@ def sweep_range(
         if not isinstance(exc, Exception):
             # Run termination (DagsterExecutionInterruptedError): the engine drained and recorded its
             # low watermark; give back the run's lock and lease now (the summary op will not run).
-            release_failed_run(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
-                               root_run_id=_root_run_id(context))
+            try:
+                release_failed_run(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
+                                   root_run_id=_root_run_id(context))
+            finally:
+                log_termination(context, engine, task, encryption, checkpoints)
         raise
     summary = result.to_summary()
     summary["range"] = cursor_range.key
@@ -370,6 +374,36 @@ def sweep_range(
                          allow_retries=False)
     context.add_output_metadata(metadata)
     return summary
+
+
+def log_termination(
+    context: dg.OpExecutionContext, engine: sa.Engine, task: RangeTask, encryption: EncryptionResource,
+    checkpoints: CheckpointsResource,
+) -> None:
+    """One product log line when a run is terminated: what this range drained and where its checkpoint stands
+    (the definition's display_cursor: ids only, never a date derived from a date of birth)."""
+    from batch_assets.domains.customer_status.sweep import CustomerStatusSweep
+
+    fingerprint = f"{task.rules_fingerprint}:{task.run_date}"
+    try:
+        saved = checkpoints.store(engine).in_generation(task.generation).load(
+            SWEEP_NAME, task.mode, task.cursor_range.key, fingerprint)
+        with engine.connect() as conn:
+            _, rules = current_rules(conn)
+        definition = CustomerStatusSweep(task.mode, cipher=encryption.cipher(), run_date=task.run_date, rules=rules)
+    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+        context.log.warning(f"{task.label} terminated; its checkpoint could not be read: {error_text(exc)}")
+        return
+    if saved is None:
+        context.log.warning(f"{task.label} terminated before its first checkpoint: the next run starts it over")
+        return
+    counters = saved.counters or {}
+    done = ", ".join(f"{k} {int(counters.get(k) or 0):,}" for k in ("scanned", "changed", "failed", "pages"))
+    context.log.warning(
+        f"{task.label} terminated: the pages in flight were drained and written ({done}); checkpoint "
+        f"{'finished' if saved.finished else 'at ' + json.dumps(definition.display_cursor(saved.cursor))}; "
+        f"the next {task.mode} run for the same rules and run date resumes from it"
+    )
 
 
 def record_range(
