@@ -17,7 +17,12 @@ import sqlalchemy as sa
 from batch_assets import run_history
 from batch_assets.crypto import DobCipher
 from batch_assets.definitions import defs as load_defs
-from batch_assets.domains.customer_status.dagster import RULES_KEY_TAG, SweepConfig, sweep_run_config
+from batch_assets.domains.customer_status.dagster import (
+    RULES_KEY_TAG,
+    RulesSensorState,
+    SweepConfig,
+    sweep_run_config,
+)
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
 from batch_assets.domains.customer_status.seed import seed_customers
@@ -74,10 +79,11 @@ def _run(instance: dg.DagsterInstance, request: dg.RunRequest) -> dg.ExecuteInPr
 
 def test_a_rules_change_swept_while_a_cli_sweep_holds_the_lock_ends_with_exactly_one_success(
     dagster_env: Settings, db_url: str, engine: sa.Engine, cipher: DobCipher, cli_env: dict[str, str],
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first config-change run is SKIPPED (a CLI sweep holds the lock); the sensor requests it again until
     one run for the fingerprint succeeds, then never again."""
+    monkeypatch.setattr("batch_assets.domains.customer_status.dagster.RULES_RETRY_BASE_S", 0.0)  # no backoff here
     seed_customers(engine, cipher, 60_000, run_date=date(2025, 6, 1), seed=21)
     out = (tmp_path / "cli.out").open("w")
     cli = subprocess.Popen(
@@ -98,6 +104,8 @@ def test_a_rules_change_swept_while_a_cli_sweep_holds_the_lock_ends_with_exactly
             cursor = first.cursor
             rules = Rules.parse("MINOR=0,ADULT=21,SENIOR=67")
             set_rules(engine, rules)
+            with engine.begin() as conn:  # set two minutes ago: past the sensor's debounce
+                conn.execute(sa.text("UPDATE ba_rules SET created_at = created_at - interval '2 minutes'"))
 
             [request] = _tick(instance, cursor, db_url).run_requests
             assert request.tags[RULES_KEY_TAG] == rules.fingerprint and request.run_key == rules.fingerprint
@@ -108,14 +116,15 @@ def test_a_rules_change_swept_while_a_cli_sweep_holds_the_lock_ends_with_exactly
 
             retry = _tick(instance, cursor, db_url)  # ... the sensor does not: it asks again
             [again] = retry.run_requests
-            assert again.run_key == f"{rules.fingerprint}#2" and retry.cursor in (None, cursor)
+            assert again.run_key == f"{rules.fingerprint}#2"
+            cursor = retry.cursor or cursor
 
             assert cli.wait(timeout=300) == 0
             succeeded = _run(instance, again)
             assert run_history.latest(engine, succeeded.run_id)["status"] == "SUCCESS"
 
             done = _tick(instance, cursor, db_url)
-            assert done.run_requests == [] and done.cursor == rules.fingerprint
+            assert done.run_requests == [] and RulesSensorState.parse(done.cursor).swept == rules.fingerprint
             assert _tick(instance, done.cursor, db_url).run_requests == []
             runs = instance.get_runs(filters=dg.RunsFilter(tags={RULES_KEY_TAG: rules.fingerprint}))
             outcomes = sorted(run_history.latest(engine, r.run_id)["status"] for r in runs)

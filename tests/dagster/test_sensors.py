@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.definitions import defs as load_defs
+from batch_assets.domains.customer_status.dagster import RulesSensorState
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
 from batch_assets.domains.payments.dagster import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_job
@@ -43,6 +44,7 @@ def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, e
 
         rules = Rules.parse("MINOR=0,ADULT=21,SENIOR=67")
         set_rules(engine, rules)
+        _settle(engine)
         second, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         [request] = second.run_requests
         assert request.run_key == rules.fingerprint
@@ -51,7 +53,7 @@ def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, e
         # The cursor moves only once a run for the fingerprint succeeded: record one.
         _succeed(instance, engine, request)
         _, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
-        assert cursor == request.run_key
+        assert RulesSensorState.parse(cursor).swept == request.run_key
 
         # The persisted cursor (what the daemon hands back after a restart) starts nothing new.
         third, cursor_after = _tick("rules_changed_sensor", instance, cursor, db_url)
@@ -60,14 +62,23 @@ def test_rules_changed_sensor_requests_one_sweep_per_rules_change(db_url: str, e
         # A change back to earlier rules is a new change: a new key, so Dagster starts it.
         other = Rules.parse("MINOR=0,ADULT=18,SENIOR=70")
         set_rules(engine, other)
+        _settle(engine)
         fourth, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         _succeed(instance, engine, fourth.run_requests[0])
         _, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         set_rules(engine, rules)
+        _settle(engine)
         fifth, cursor = _tick("rules_changed_sensor", instance, cursor, db_url)
         [back] = fifth.run_requests
         assert fourth.run_requests[0].run_key == other.fingerprint
         assert back.run_key.startswith(rules.fingerprint + "@v") and back.run_key != request.run_key
+
+
+def _settle(engine: sa.Engine) -> None:
+    """Another connection dates the current rules two minutes back: past the sensor's one-minute debounce."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ba_rules SET created_at = created_at - interval '2 minutes' "
+                             "WHERE version = (SELECT max(version) FROM ba_rules)"))
 
 
 def _succeed(instance: dg.DagsterInstance, engine: sa.Engine, request: dg.RunRequest) -> str:

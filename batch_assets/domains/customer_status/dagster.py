@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -752,21 +753,84 @@ def _swept(database: DatabaseResource, run_id: str) -> bool:
     return summary is not None and summary.get("status") == "SUCCESS"
 
 
+RULES_DEBOUNCE_S = 60.0
+"""Rules changed again within this long are swept once, for the latest rules (CONTRACT §8)."""
+RULES_RETRY_BASE_S = 60.0
+"""After a config-change attempt that did not succeed, the next waits this long, doubling per failed attempt ..."""
+RULES_RETRY_MAX_S = 3600.0
+"""... up to this long."""
+
+
+@dataclass
+class RulesSensorState:
+    """The rules sensor's cursor: the rules key swept last, and the keys already alerted on (one alert per key)."""
+
+    swept: str | None = None
+    alerted: list[str] = dataclass_field(default_factory=list)
+
+    @classmethod
+    def parse(cls, cursor: str | None) -> "RulesSensorState":
+        if not cursor:
+            return cls()
+        try:
+            raw = json.loads(cursor)
+        except ValueError:  # the cursor of an earlier version: the swept key itself
+            return cls(swept=cursor)
+        if not isinstance(raw, dict):
+            return cls(swept=cursor)
+        return cls(swept=raw.get("swept"), alerted=[str(k) for k in raw.get("alerted") or []])
+
+    def dump(self) -> str:
+        return json.dumps({"swept": self.swept, "alerted": self.alerted[-20:]}, sort_keys=True)
+
+
+def _rules_age_s(database: DatabaseResource) -> float | None:
+    with database.get_engine().connect() as conn:
+        value = conn.execute(sql.RULES_AGE_S).scalar()
+    return None if value is None else float(value)
+
+
+def retry_delay_s(failed_attempts: int) -> float:
+    """The wait before the next attempt after `failed_attempts` that did not succeed: 60 s, 120 s, 240 s, ... 1 h."""
+    return min(RULES_RETRY_BASE_S * 2 ** max(failed_attempts - 1, 0), RULES_RETRY_MAX_S)
+
+
+def _alert_rules_attempt(context: dg.SensorEvaluationContext, key: str, run: Any, attempts: int) -> None:
+    from batch_assets.alerts import send_alert
+    from batch_assets.settings import load_settings
+
+    text = (f"batch_assets: the config-change sweep for rules {key} did not succeed (run {run.run_id} ended "
+            f"{run.status.value}); rules_changed_sensor retries it with a growing delay until one succeeds")
+    context.log.error(text)
+    send_alert(text, {"kind": "rules_sweep_not_done", "rules_key": key, "run_id": run.run_id,
+                      "status": run.status.value, "attempts": attempts}, load_settings().alert_webhook)
+
+
 def rules_changed(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult:
     """One successful config-change sweep per rules change: re-request until a run for the key succeeds.
 
-    The cursor moves to a rules key only once a run tagged with it ended SUCCESS *and* recorded a
-    SUCCESS summary; a run that ended SKIPPED (a CLI run held the lock) or FAILED is followed, on a
-    later tick, by a new request (run key `<key>#<attempt>`, since Dagster never reuses a run key).
+    The cursor (RulesSensorState) moves to a rules key only once a run tagged with it ended SUCCESS *and*
+    recorded a SUCCESS summary. Rules set less than RULES_DEBOUNCE_S ago wait (edits within a minute are
+    swept once, for the latest rules). A run that ended SKIPPED (a CLI run held the lock) or FAILED is
+    followed by a new request (run key `<key>#<attempt>`, since Dagster never reuses a run key) once
+    `retry_delay_s` passed since it ended; the first such run of a key raises one alert.
     """
+    state = RulesSensorState.parse(context.cursor)
     version, fingerprint, first_version = current_fingerprint(database)
     key = rules_run_key(version, fingerprint, first_version)
-    if context.cursor == key:
+    if state.swept == key:
         return dg.SensorResult(skip_reason=dg.SkipReason(f"rules unchanged (v{version}, {fingerprint})"))
-    if context.cursor is None and version == 0:
+    if state.swept is None and version == 0:
         # Never changed since install: the default rules need no config-change sweep; remember them.
-        return dg.SensorResult(skip_reason=dg.SkipReason(f"default rules ({fingerprint}); nothing changed"), cursor=key)
-    runs = context.instance.get_runs(filters=dg.RunsFilter(tags={RULES_KEY_TAG: key}))
+        state.swept = key
+        return dg.SensorResult(skip_reason=dg.SkipReason(f"default rules ({fingerprint}); nothing changed"),
+                               cursor=state.dump())
+    age = _rules_age_s(database)
+    if age is not None and age < RULES_DEBOUNCE_S:
+        return dg.SensorResult(skip_reason=dg.SkipReason(
+            f"rules v{version} set {age:.0f}s ago; swept once they are {RULES_DEBOUNCE_S:.0f}s old"))
+    records = context.instance.get_run_records(filters=dg.RunsFilter(tags={RULES_KEY_TAG: key}))
+    runs = [record.dagster_run for record in records]
     running = [run for run in runs if run.status in IN_PROGRESS]
     if running:
         return dg.SensorResult(
@@ -774,9 +838,22 @@ def rules_changed(context: dg.SensorEvaluationContext, database: DatabaseResourc
         )
     done = [run for run in runs if run.status == dg.DagsterRunStatus.SUCCESS and _swept(database, run.run_id)]
     if done:
+        state.swept = key
+        state.alerted = [k for k in state.alerted if k != key]
         return dg.SensorResult(
-            skip_reason=dg.SkipReason(f"rules {key} swept by run {done[0].run_id}"), cursor=key
+            skip_reason=dg.SkipReason(f"rules {key} swept by run {done[0].run_id}"), cursor=state.dump()
         )
+    if records:
+        latest = records[0]  # newest first
+        if key not in state.alerted:
+            _alert_rules_attempt(context, key, latest.dagster_run, len(records))
+            state.alerted.append(key)
+        ended = latest.end_time or (latest.update_timestamp.timestamp() if latest.update_timestamp else 0.0)
+        wait_s = ended + retry_delay_s(len(records)) - time.time()
+        if wait_s > 0:
+            return dg.SensorResult(skip_reason=dg.SkipReason(
+                f"attempt {len(records) + 1} for rules {key} in {wait_s:.0f}s (after {len(records)} that did not "
+                "succeed)"), cursor=state.dump())
     attempt = len(runs) + 1
     return dg.SensorResult(
         run_requests=[
@@ -792,6 +869,7 @@ def rules_changed(context: dg.SensorEvaluationContext, database: DatabaseResourc
                 },
             )
         ],
+        cursor=state.dump(),
     )
 
 
@@ -802,8 +880,9 @@ def build_sensors(status: dg.DefaultSensorStatus) -> list[dg.SensorDefinition]:
             job=customer_status_asset_job,
             minimum_interval_seconds=30,
             default_status=status,
-            description="Starts the config-change sweep of a rules change (run key = its fingerprint) and "
-            "requests it again on later ticks until one run for that fingerprint succeeds.",
+            description="Starts the config-change sweep of a rules change (run key = its fingerprint) once the rules "
+            f"are {RULES_DEBOUNCE_S:.0f}s old, and requests it again, with a doubling delay from "
+            f"{RULES_RETRY_BASE_S:.0f}s, until one run for that fingerprint succeeds; alerts once per fingerprint.",
         )(rules_changed),
     ]
 

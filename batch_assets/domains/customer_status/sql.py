@@ -155,6 +155,12 @@ LOCK_RULES = sa.text("LOCK TABLE ba_rules IN SHARE ROW EXCLUSIVE MODE")
 # Returns min(version), NULL for the built-in defaults (never stored).
 FIRST_VERSION_OF = sa.text("SELECT min(version) FROM ba_rules WHERE fingerprint = :fingerprint")
 
+# RULES_AGE_S — seconds since the current rules version was set (database time); NULL when none was set.
+# No parameters.
+RULES_AGE_S = sa.text(
+    "SELECT extract(epoch FROM now() - created_at)::float8 FROM ba_rules ORDER BY version DESC LIMIT 1"
+)
+
 # CATEGORY_COUNTS — ACTIVE customers by age_category (asset metadata). No parameters.
 CATEGORY_COUNTS = sa.text(
     "SELECT coalesce(age_category, '(not computed)') AS category, count(*) AS n "

@@ -1,0 +1,118 @@
+"""Rules-change retries (CONTRACT §8): debounce, a growing delay between failed attempts, one alert per fingerprint."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from batch_assets.definitions import defs as load_defs
+from batch_assets.domains.customer_status import dagster as cs
+from batch_assets.domains.customer_status.rules import Rules
+from batch_assets.domains.customer_status.rules_store import set_rules
+from batch_assets.orchestration.resources import DatabaseResource
+from batch_assets.settings import Settings
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration]
+
+defs = load_defs()
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        type(self).received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def alerts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
+    received: list[dict] = []
+    server = HTTPServer(("127.0.0.1", 0), type("Hook", (_Hook,), {"received": received}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", f"http://127.0.0.1:{server.server_port}/alert")
+    try:
+        yield received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _tick(instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> dg.SensorResult:
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"database": DatabaseResource(url=db_url)}
+    ) as context:
+        return defs.resolve_sensor_def("rules_changed_sensor").evaluate_tick(context)
+
+
+def _age_rules(engine: sa.Engine, seconds: int) -> None:
+    """Another connection dates the current rules `seconds` back (as if set that long ago)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE ba_rules SET created_at = now() - make_interval(secs => :s) "
+                             "WHERE version = (SELECT max(version) FROM ba_rules)"), {"s": seconds})
+
+
+def _fail(instance: dg.DagsterInstance, request: dg.RunRequest) -> None:
+    """A run for the request that ended FAILURE (what a config-change sweep that broke leaves)."""
+    instance.create_run_for_job(job_def=cs.customer_status_sweep_job, status=dg.DagsterRunStatus.FAILURE,
+                                tags=request.tags)
+
+
+def test_rules_changed_twice_within_a_minute_are_swept_once_for_the_latest(
+    dagster_env: Settings, db_url: str, engine: sa.Engine
+) -> None:
+    """Two edits 30 s apart: no run while the latest is under a minute old; then one run, for the latest rules."""
+    with dg.instance_for_test() as instance:
+        cursor = _tick(instance, None, db_url).cursor
+        set_rules(engine, Rules.parse("MINOR=0,ADULT=21,SENIOR=67"))
+        _age_rules(engine, 30)
+        latest = Rules.parse("MINOR=0,ADULT=22,SENIOR=67")
+        set_rules(engine, latest)
+        waiting = _tick(instance, cursor, db_url)
+        assert waiting.run_requests == [] and "swept once they are 60s old" in (waiting.skip_message or "")
+        _age_rules(engine, 61)
+        [request] = _tick(instance, waiting.cursor or cursor, db_url).run_requests
+        assert request.run_key == latest.fingerprint
+
+
+def test_failed_attempts_are_retried_with_a_growing_delay_and_alerted_once(
+    dagster_env: Settings, db_url: str, engine: sa.Engine, alerts: list[dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failed attempt the next waits the base delay, after two it waits twice that; one alert in all."""
+    monkeypatch.setattr(cs, "RULES_RETRY_BASE_S", 1.0)
+    with dg.instance_for_test() as instance:
+        cursor = _tick(instance, None, db_url).cursor
+        rules = Rules.parse("MINOR=0,ADULT=21,SENIOR=67")
+        set_rules(engine, rules)
+        _age_rules(engine, 120)
+        result = _tick(instance, cursor, db_url)
+        [first] = result.run_requests
+        cursor = result.cursor
+        _fail(instance, first)
+
+        waiting = _tick(instance, cursor, db_url)
+        assert waiting.run_requests == [] and "attempt 2" in (waiting.skip_message or "")
+        cursor = waiting.cursor
+        retried = wait_for(lambda: _tick(instance, cursor, db_url).run_requests, timeout=10, what="attempt 2")
+        assert retried[0].run_key == f"{rules.fingerprint}#2"
+        _fail(instance, retried[0])
+
+        waiting = _tick(instance, cursor, db_url)
+        assert waiting.run_requests == [] and "in 2s" in (waiting.skip_message or "")
+        assert (cs.retry_delay_s(1), cs.retry_delay_s(2), cs.retry_delay_s(3)) == (1.0, 2.0, 4.0)
+        cursor = waiting.cursor or cursor
+        third = wait_for(lambda: _tick(instance, cursor, db_url).run_requests, timeout=10, what="attempt 3")
+        assert third[0].run_key == f"{rules.fingerprint}#3"
+    assert [a["kind"] for a in alerts] == ["rules_sweep_not_done"] and alerts[0]["rules_key"] == rules.fingerprint
