@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 from faults import checker
@@ -133,6 +135,19 @@ def fuzz_lines(rows: list[dict[str, Any]], *, cli: bool) -> list[str]:
     return lines
 
 
+def _tree() -> str:
+    """The commit the campaign ran on, and whether the work tree differed from it (the report's provenance)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git work tree)"
+    return f"`{commit}`" + (" with uncommitted changes" if dirty else "")
+
+
 def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str:
     results = c.results
     injected = [r for r in results if r.injected]
@@ -157,7 +172,7 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         "  its own event id (message_id / Nats-Msg-Id), duplicates counted, none lost;",
         "- truthfulness: a run that ended SUCCESS left no row in scope uncomputed beyond its `failed` count.",
         "",
-        f"- command: `{command}`",
+        f"- command: `{command}`; tree: {_tree()}",
         f"- seed: `{c.seed}`; run date {c.run_date}; {c.sizes.customers:,} customers, "
         f"{c.sizes.subscriptions:,} subscriptions, {c.sizes.payments:,} payments per fault",
         f"- PostgreSQL binaries: `{c.pg.bindir}`; Redis: {'yes' if c.redis else 'absent (lock-store faults skipped)'}"
