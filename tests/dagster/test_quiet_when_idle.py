@@ -91,6 +91,49 @@ def test_an_idle_hour_starts_no_drain_and_no_check_run(dagster_env: Settings, db
         assert requested == 0 and checks.run_requests == []
 
 
+def _schedule_ticks(start: datetime, end: datetime) -> dict[str, int]:
+    """How many times each schedule of the code location fires in [start, end)."""
+    from dagster._utils.schedules import cron_string_iterator
+
+    ticks: dict[str, int] = {}
+    for schedule in defs.schedules or []:
+        assert isinstance(schedule, dg.ScheduleDefinition)
+        count = 0
+        for when in cron_string_iterator(start.timestamp(), str(schedule.cron_schedule),
+                                         schedule.execution_timezone):
+            if when >= end:
+                break
+            count += 1
+        if count:
+            ticks[schedule.name] = count
+    return ticks
+
+
+def test_an_idle_hour_starts_at_most_one_run_per_schedule_tick(dagster_env: Settings, db_url: str) -> None:
+    """An idle weekday hour (10:00-11:00 UTC): the sensors that may start runs start none, so the runs of that
+    hour are the schedule ticks alone (the outbox relay's, every 5 minutes)."""
+    start = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
+    ticks = _schedule_ticks(start, start + timedelta(hours=1))
+    assert ticks == {"outbox_relay_schedule": 12}
+    sensors = {"payment_queue_drain_sensor": 360, "rules_changed_sensor": 120,
+               "business_tables_observation_sensor": 12}
+    requested = 0
+    with dg.instance_for_test() as instance:
+        checks_cursor = _checks_tick(instance, None).cursor
+        for name, count in sensors.items():
+            cursor = None
+            for _ in range(count):
+                with dg.build_sensor_context(
+                    instance=instance, cursor=cursor, resources={"database": DatabaseResource(url=db_url)}
+                ) as context:
+                    result = defs.resolve_sensor_def(name).evaluate_tick(context)
+                cursor = result.cursor or cursor
+                requested += len(result.run_requests)
+        requested += len(_checks_tick(instance, checks_cursor).run_requests)
+    runs_per_idle_hour = requested + sum(ticks.values())
+    assert requested == 0 and runs_per_idle_hour == 12
+
+
 def test_checks_run_only_after_a_run_that_changed_something(
     dagster_env: Settings, db_url: str, engine: sa.Engine
 ) -> None:
