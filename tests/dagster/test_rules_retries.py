@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -91,7 +92,7 @@ def test_failed_attempts_are_retried_with_a_growing_delay_and_alerted_once(
     dagster_env: Settings, db_url: str, engine: sa.Engine, alerts: list[dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a failed attempt the next waits the base delay, after two it waits twice that; one alert in all."""
-    monkeypatch.setattr(cs, "RULES_RETRY_BASE_S", 1.0)
+    monkeypatch.setattr(cs, "RULES_RETRY_BASE_S", 2.0)
     with dg.instance_for_test() as instance:
         cursor = _tick(instance, None, db_url).cursor
         rules = Rules.parse("MINOR=0,ADULT=21,SENIOR=67")
@@ -101,18 +102,24 @@ def test_failed_attempts_are_retried_with_a_growing_delay_and_alerted_once(
         [first] = result.run_requests
         cursor = result.cursor
         _fail(instance, first)
+        failed_at = time.monotonic()
 
         waiting = _tick(instance, cursor, db_url)
         assert waiting.run_requests == [] and "attempt 2" in (waiting.skip_message or "")
         cursor = waiting.cursor
         retried = wait_for(lambda: _tick(instance, cursor, db_url).run_requests, timeout=10, what="attempt 2")
+        first_wait = time.monotonic() - failed_at
         assert retried[0].run_key == f"{rules.fingerprint}#2"
         _fail(instance, retried[0])
+        failed_at = time.monotonic()
 
         waiting = _tick(instance, cursor, db_url)
-        assert waiting.run_requests == [] and "in 2s" in (waiting.skip_message or "")
-        assert (cs.retry_delay_s(1), cs.retry_delay_s(2), cs.retry_delay_s(3)) == (1.0, 2.0, 4.0)
+        assert waiting.run_requests == [] and "attempt 3" in (waiting.skip_message or "")
+        assert (cs.retry_delay_s(1), cs.retry_delay_s(2), cs.retry_delay_s(3)) == (2.0, 4.0, 8.0)
         cursor = waiting.cursor or cursor
         third = wait_for(lambda: _tick(instance, cursor, db_url).run_requests, timeout=10, what="attempt 3")
+        second_wait = time.monotonic() - failed_at
         assert third[0].run_key == f"{rules.fingerprint}#3"
+        # 2 s, then 4 s after the failed run's end (the test instance's SQLite stores it to the second: -1 s)
+        assert 1.0 <= first_wait < second_wait and second_wait >= 3.0
     assert [a["kind"] for a in alerts] == ["rules_sweep_not_done"] and alerts[0]["rules_key"] == rules.fingerprint
