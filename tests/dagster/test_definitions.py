@@ -81,7 +81,7 @@ def test_every_sensor_resolves(defs: dg.Definitions) -> None:
 
 
 def test_lineage_runs_customers_to_status_to_triggers_and_outbox(defs: dg.Definitions) -> None:
-    """The asset graph shows customers → customer_status → review_triggers and outbox_events, one materializable node."""
+    """The asset graph shows customers → customer_status → review_triggers and outbox_events, one sweep node."""
     graph = defs.resolve_asset_graph()
     key = dg.AssetKey
     sweep_keys = [key("customer_status"), key("review_triggers"), key("outbox_events")]

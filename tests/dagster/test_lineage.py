@@ -1,4 +1,5 @@
-"""Lineage a reviewer can read: named groups, the sweep's writes downstream of the status, observed tables, automations."""
+"""Lineage a reviewer can read: named groups, the sweep's writes downstream of the status, observed tables,
+automations."""
 
 from __future__ import annotations
 
