@@ -18,7 +18,7 @@ def test_jobs_list_names_every_registered_job_with_its_bounded_fields(cli_env) -
     listing = ok(cli_env, "jobs", "list")
     jobs = {job["name"]: job for job in listing["jobs"]}
     assert set(jobs) == {"customer_status_sweep_job", "subscription_expiry_job", "payment_queue_drain_job",
-                         "outbox_relay_job"}
+                         "outbox_relay_job", "retention_job"}
     assert jobs["customer_status_sweep_job"]["variants"] == ["celery"]
     fields = {f["name"]: f for f in jobs["customer_status_sweep_job"]["fields"]}
     assert fields["page_size"]["le"] == 1000 and fields["page_size"]["ge"] == 0

@@ -301,15 +301,17 @@ def test_schedules_and_sensors_are_running_after_load_and_stopped_with_automatio
     dagster_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fresh instance: every schedule and run-starting sensor RUNNING; with BATCH_ASSETS_AUTOMATION=off,
-    STOPPED (the alerting sensor stays on)."""
+    STOPPED (the alerting sensor and the dead-run watchdog stay on)."""
     with _dagster_dev(dagster_env, tmp_path, BATCH_ASSETS_AUTOMATION="on") as (port, _home):
         on = _automation(port)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "fresh_dagster_home"))  # no state stored by the first
     with _dagster_dev(dagster_env, tmp_path, BATCH_ASSETS_AUTOMATION="off") as (port, _home):
         off = _automation(port)
-    assert len(on) == 9 and set(on) == set(off)
+    assert len(on) == 12 and set(on) == set(off)
     assert on == dict.fromkeys(on, "RUNNING")
+    # The two sensors that start no runs stay on: the failure alert and the dead-run watchdog.
     assert off.pop("run_failure_alert_sensor") == "RUNNING"
+    assert off.pop("dead_run_watchdog_sensor") == "RUNNING"
     assert set(off.values()) == {"STOPPED"}
 
 
