@@ -11,7 +11,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from batch_assets.domains.outbox.relay import OutboxEvent, relay_outbox
+from batch_assets.domains.outbox.relay import OutboxEvent, RelaySettings, relay_outbox
 from batch_assets.domains.outbox.sinks import JsonLinesSink, RedisStreamSink, make_sink
 from batch_assets.errors import ConfigError
 from batch_assets.settings import load_settings
@@ -51,6 +51,43 @@ def test_relay_sends_everything_in_batches_then_nothing(engine: sa.Engine, tmp_p
     assert _statuses(engine) == {"SENT": 23}
     again = relay_outbox(engine, sink=sink, batch_size=10)
     assert (again.sent, len((tmp_path / "outbox.jsonl").read_text().splitlines())) == (0, 23)
+
+
+def test_a_batch_is_bounded_in_payload_bytes_and_every_event_is_still_sent(engine: sa.Engine, tmp_path: Path) -> None:
+    """Events of ~300 KB (incompressible) with a 1 MiB budget go 3 to a batch, a 2 MB one alone (the first event
+    of a batch is always taken), and small ones fill a batch by rows; every event is sent once, in id order."""
+    with engine.begin() as conn:  # another service's large payloads, then small ones
+        conn.exec_driver_sql(
+            "INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+            "SELECT gen_random_uuid(), 'big', jsonb_build_object('blob', "
+            "(SELECT string_agg(md5(random()::text || g || s), '') FROM generate_series(1, %(chunks)s) AS s)) "
+            "FROM generate_series(1, 7) AS g",
+            {"chunks": 300_000 // 32},
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+            "SELECT gen_random_uuid(), 'huge', jsonb_build_object('blob', "
+            "(SELECT string_agg(md5(random()::text || s), '') FROM generate_series(1, 65536) AS s))"
+        )
+    small = _add_events(engine, 25)
+    sink = JsonLinesSink(tmp_path / "outbox.jsonl")
+    result = relay_outbox(engine, sink=sink, settings=RelaySettings(batch_size=10, batch_bytes=1024 * 1024))
+    # 7 big: 3 + 3 + 1 (the huge one's 2 MB cannot join) · huge alone (no small one joins it) · 25 small: 10 + 10 + 5
+    assert (result.ok, result.sent, result.batches) == (True, 33, 7)
+    lines = [json.loads(x) for x in (tmp_path / "outbox.jsonl").read_text().splitlines()]
+    assert [m["id"] for m in lines] == sorted(m["id"] for m in lines) and len({m["id"] for m in lines}) == 33
+    assert [m["aggregate_id"] for m in lines[-25:]] == small
+    assert _statuses(engine) == {"SENT": 33}
+
+
+def test_batch_bytes_is_validated(engine: sa.Engine, tmp_path: Path) -> None:
+    """A byte budget below 1 KiB, above 1 GiB or not an integer is refused naming batch_bytes; nothing is sent."""
+    _add_events(engine, 2)
+    for bad in (0, 1023, 2**30 + 1, 1.5, True):
+        with pytest.raises(ConfigError) as info:
+            relay_outbox(engine, sink=JsonLinesSink(tmp_path / "x.jsonl"), settings=RelaySettings(batch_bytes=bad))
+        assert info.value.field == "batch_bytes"
+    assert _statuses(engine) == {"PENDING": 2}
 
 
 class FailingSink:
@@ -149,7 +186,7 @@ import time  # noqa: E402
 
 from helpers import TcpProxy  # noqa: E402
 
-from batch_assets.domains.outbox.relay import RelaySettings, follow_outbox, relay_batch  # noqa: E402
+from batch_assets.domains.outbox.relay import follow_outbox, relay_batch  # noqa: E402
 
 
 class RecordingSink:

@@ -43,6 +43,11 @@ from batch_assets.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 10_000
+DEFAULT_BATCH_BYTES = 8 * 1024 * 1024
+"""A batch's payload budget: 8 MiB (an age_category_changed event stores ~100 bytes, so only hostile or
+unusually large payloads ever cut a batch short of batch_size)."""
+MIN_BATCH_BYTES = 1024
+MAX_BATCH_BYTES = 1024 * 1024 * 1024
 NOTIFY_CHANNEL = "batch_assets_outbox"
 
 @dataclass(frozen=True)
@@ -70,6 +75,8 @@ class RelaySettings:
     """Knobs of the relay (validated by `check`)."""
 
     batch_size: int = 500
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+    """Payload bytes per batch (stored size): a batch holds at most this much, or its first event."""
     claim_lease_s: float = 60.0  # a claim older than this may be taken by another relay
     send_timeout_s: float = 10.0  # the sink's connect/reply timeout
     poll_s: float = 5.0  # follow mode: longest wait without a notification
@@ -80,6 +87,9 @@ class RelaySettings:
         size = self.batch_size
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH:
             raise ConfigError(f"must be an integer in 1..{MAX_BATCH}", field="batch_size")
+        budget = self.batch_bytes
+        if isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BATCH_BYTES <= budget <= MAX_BATCH_BYTES:
+            raise ConfigError(f"must be an integer in {MIN_BATCH_BYTES}..{MAX_BATCH_BYTES}", field="batch_bytes")
         for name in ("claim_lease_s", "send_timeout_s", "poll_s", "backoff_s", "backoff_max_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
@@ -110,13 +120,26 @@ def _autocommit(engine: sa.Engine) -> sa.Engine:
     return engine.execution_options(isolation_level="AUTOCOMMIT")
 
 
-def _claim(engine: sa.Engine, owner: str, settings: RelaySettings) -> list[OutboxEvent]:
+@dataclass(frozen=True)
+class ClaimedBatch:
+    """A claimed batch in id order; `more` when PENDING events were left for the next batch (the row or the
+    byte budget was reached)."""
+
+    events: list[OutboxEvent]
+    more: bool
+
+
+def _claim(engine: sa.Engine, owner: str, settings: RelaySettings) -> ClaimedBatch:
     with _autocommit(engine).connect() as conn:
         rows = conn.execute(
-            sql.CLAIM_BATCH, {"limit": settings.batch_size, "owner": owner, "lease_s": settings.claim_lease_s}
+            sql.CLAIM_BATCH,
+            {"limit": settings.batch_size, "max_bytes": settings.batch_bytes, "owner": owner,
+             "lease_s": settings.claim_lease_s},
         ).all()
     events = [OutboxEvent(int(r.id), str(r.aggregate_id), r.event_type, r.payload, r.created_at) for r in rows]
-    return sorted(events, key=lambda e: e.id)
+    candidates = int(rows[0].candidates) if rows else 0
+    more = candidates >= settings.batch_size or len(events) < candidates
+    return ClaimedBatch(sorted(events, key=lambda e: e.id), more)
 
 
 def _release(engine: sa.Engine, ids: list[int], owner: str) -> None:
@@ -137,7 +160,7 @@ def relay_batch(engine: sa.Engine, *, sink: Sink, owner: str, settings: RelaySet
 
     Only events the sink confirmed are marked SENT: on SinkNotConfirmed the confirmed part is marked and
     the rest released; on any other failure the whole batch is released (it stays PENDING)."""
-    return send_claimed(engine, _claim(engine, owner, settings), sink=sink, owner=owner)
+    return send_claimed(engine, _claim(engine, owner, settings).events, sink=sink, owner=owner)
 
 
 def send_claimed(engine: sa.Engine, events: list[OutboxEvent], *, sink: Sink, owner: str) -> tuple[int, int]:
@@ -208,14 +231,14 @@ def relay_outbox(
     # other connections (each its own autocommit statement): the database's work overlaps the broker's
     # instead of adding to it. A batch is marked SENT only after the sink confirmed it, as before.
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="outbox-db") as pool:
-        ahead: Future[list[OutboxEvent]] | None = None
+        ahead: Future[ClaimedBatch] | None = None
         marking: Future[int] | None = None
         try:
             while stop is None or not stop.is_set():
                 try:
-                    events = ahead.result() if ahead is not None else _claim(engine, owner, settings)
-                    ahead = None
-                    if len(events) == settings.batch_size:
+                    batch = ahead.result() if ahead is not None else _claim(engine, owner, settings)
+                    events, ahead = batch.events, None
+                    if batch.more:
                         ahead = pool.submit(_claim, engine, owner, settings)
                     ids = _send(engine, events, sink, owner) if events else []
                     if marking is not None:
@@ -228,7 +251,7 @@ def relay_outbox(
                 if not events:
                     break
                 batches += 1
-                if len(events) < settings.batch_size:
+                if not batch.more:
                     break
         finally:
             if ahead is not None:
@@ -244,10 +267,10 @@ def relay_outbox(
     return RelayResult(sent, batches, time.monotonic() - started)
 
 
-def _release_ahead(engine: sa.Engine, ahead: Future[list[OutboxEvent]], owner: str) -> None:
+def _release_ahead(engine: sa.Engine, ahead: Future[ClaimedBatch], owner: str) -> None:
     """Give back a batch claimed ahead and never sent (a failure or a stop came first)."""
     try:
-        events = ahead.result()
+        events = ahead.result().events
     except Exception as exc:  # noqa: BLE001 - the claim itself failed: nothing was claimed
         log.warning("outbox relay: the claim ahead failed (%s); nothing to give back", type(exc).__name__)
         return

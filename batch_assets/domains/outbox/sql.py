@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-# CLAIM_BATCH — claim the oldest PENDING events with no live claim, in one autocommit statement.
-#   :limit    int    events per batch
-#   :owner    text   the relay's owner string ("<run id>@<host>:<pid>")
-#   :lease_s  float  claim lease in seconds (claimed_until = now() + lease)
-# Returns the claimed events (any order; the caller sorts by id).
+# CLAIM_BATCH — claim the oldest PENDING events with no live claim, in one autocommit statement,
+# bounded in rows (:limit) and in bytes (:max_bytes of stored payload, pg_column_size: the first event
+# is always taken, whatever its size, so one huge event cannot block the relay).
+#   :limit      int    events per batch
+#   :max_bytes  int    payload bytes per batch
+#   :owner      text   the relay's owner string ("<run id>@<host>:<pid>")
+#   :lease_s    float  claim lease in seconds (claimed_until = now() + lease)
+# Returns the claimed events (any order; the caller sorts by id) and, on each row, how many events were
+# locked as candidates: fewer claimed than candidates, or :limit candidates, means more are PENDING.
+# The candidates the byte budget left out are unlocked when the statement ends, still unclaimed.
 CLAIM_BATCH = sa.text(
     """
-WITH batch AS (
-    SELECT id FROM outbox_events
+WITH candidates AS (
+    SELECT id, pg_column_size(payload) AS size FROM outbox_events
      WHERE status = 'PENDING' AND (claimed_until IS NULL OR claimed_until < now())
      ORDER BY id
      LIMIT :limit
        FOR UPDATE SKIP LOCKED
+), batch AS (
+    SELECT id FROM (
+        SELECT id, sum(size) OVER (ORDER BY id) AS running, row_number() OVER (ORDER BY id) AS n
+          FROM candidates
+    ) AS c
+     WHERE n = 1 OR running <= :max_bytes
 )
 UPDATE outbox_events o
    SET claimed_by = :owner,
@@ -28,7 +39,8 @@ UPDATE outbox_events o
        attempts = o.attempts + 1
   FROM batch
  WHERE o.id = batch.id
-RETURNING o.id, o.aggregate_id, o.event_type, o.payload, o.created_at
+RETURNING o.id, o.aggregate_id, o.event_type, o.payload, o.created_at,
+          (SELECT count(*) FROM candidates) AS candidates
 """
 ).bindparams(sa.bindparam("lease_s", type_=sa.Float))
 
