@@ -163,6 +163,42 @@ class LimitsStub:
         self._thread.join(timeout=10)
 
 
+# --- an alert webhook receiver (BATCH_ASSETS_ALERT_WEBHOOK) ------------------------------------------
+
+
+class AlertWebhook:
+    """An HTTP server on 127.0.0.1 recording the JSON body of every POST, running inside `with`.
+
+    `url` is what BATCH_ASSETS_ALERT_WEBHOOK is set to; `received` the bodies, in arrival order. Each
+    instance has its own list (no class-level state shared between tests)."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        received = self.received
+
+        class _Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/alert"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> AlertWebhook:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
 # --- a TCP proxy in front of a real service (one home: the fault campaign's) -----------------------------
 
 from faults.brokers import TcpProxy  # noqa: E402

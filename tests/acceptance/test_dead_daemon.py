@@ -8,34 +8,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
 from _cli import REPO, run_cli, scalar, seed_customers, summary_run_date, wait_for
-from helpers import kill_session
+from helpers import AlertWebhook, kill_session
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROWS = 80_000
 BOUND_S = 300  # CONTRACT §8: within 5 minutes
-
-
-class _Alerts(BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        type(self).received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
 
 
 @contextmanager
@@ -60,13 +46,10 @@ def _launch(env: dict[str, str], config: dict) -> None:
 def test_kill_9_of_daemon_code_server_and_run_worker(cli_env: dict[str, str], engine: sa.Engine,
                                                      tmp_path: Path) -> None:
     """The dead sweep is FAILURE within 5 min with the alert; the queued sweep then starts and resumes."""
-    _Alerts.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Alerts)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    home = tmp_path / "dagster_home"
-    env = {**cli_env, "DAGSTER_HOME": str(home), "BATCH_ASSETS_AUTOMATION": "off",
-           "BATCH_ASSETS_ALERT_WEBHOOK": f"http://127.0.0.1:{server.server_address[1]}/alert"}
-    try:
+    with AlertWebhook() as hook:
+        home = tmp_path / "dagster_home"
+        env = {**cli_env, "DAGSTER_HOME": str(home), "BATCH_ASSETS_AUTOMATION": "off",
+               "BATCH_ASSETS_ALERT_WEBHOOK": hook.url}
         run_date = summary_run_date(seed_customers(env, ROWS, "--seed", "61"))  # also writes DAGSTER_HOME/dagster.yaml
         config = {"ops": {"plan_sweep": {"config": {"mode": "full", "run_date": run_date.isoformat(),
                                                     "page_size": 200, "workers": 1, "ranges": 2}}}}
@@ -85,7 +68,7 @@ def test_kill_9_of_daemon_code_server_and_run_worker(cli_env: dict[str, str], en
             with _daemon(env, log_path):
                 wait_for(lambda: instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE,
                          timeout=BOUND_S, what="the dead run to be FAILURE", interval=1)
-                wait_for(lambda: any(a.get("run_id") == dead.run_id for a in _Alerts.received), timeout=90,
+                wait_for(lambda: any(a.get("run_id") == dead.run_id for a in hook.received), timeout=90,
                          what="the failure alert", interval=0.5)
                 wait_for(lambda: instance.get_run_by_id(queued.run_id).is_finished, timeout=240,
                          what="the queued sweep to run", interval=1)
@@ -98,6 +81,3 @@ def test_kill_9_of_daemon_code_server_and_run_worker(cli_env: dict[str, str], en
         # and nothing is left to do
         rerun = run_cli(env, "sweep", "customer-status", "--mode", "full", "--run-date", run_date.isoformat())
         assert rerun.summary is not None and rerun.summary["changed"] == 0, rerun.describe()
-    finally:
-        server.shutdown()
-        server.server_close()

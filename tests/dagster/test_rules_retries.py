@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from helpers import AlertWebhook, wait_for
 
 from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status import dagster as cs
@@ -18,37 +16,17 @@ from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
 from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.settings import Settings
-from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 
 defs = load_defs()
 
 
-class _Hook(BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        type(self).received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-
 @pytest.fixture
 def alerts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
-    received: list[dict] = []
-    server = HTTPServer(("127.0.0.1", 0), type("Hook", (_Hook,), {"received": received}))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", f"http://127.0.0.1:{server.server_port}/alert")
-    try:
-        yield received
-    finally:
-        server.shutdown()
-        server.server_close()
+    with AlertWebhook() as hook:
+        monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", hook.url)
+        yield hook.received
 
 
 def _tick(instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> dg.SensorResult:

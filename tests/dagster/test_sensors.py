@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from helpers import AlertWebhook
 
 from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status.dagster import RulesSensorState
@@ -127,29 +125,10 @@ def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
         assert QUEUE_DRAIN_INTERVAL_S > 0
 
 
-class _Hook(BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append(json.loads(body))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-
 @pytest.fixture
 def webhook() -> Iterator[tuple[str, list[dict]]]:
-    received: list[dict] = []
-    handler = type("Hook", (_Hook,), {"received": received})
-    server = HTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/alert", received
-    server.shutdown()
-    server.server_close()
+    with AlertWebhook() as hook:
+        yield hook.url, hook.received
 
 
 def test_run_failure_sensor_logs_and_posts_an_alert(
