@@ -83,7 +83,7 @@ class TcpProxy:
                     time.sleep(0.01)  # holding the bytes: the peer waits for a reply that does not come
                 dst.sendall(data)
         except OSError:
-            pass  # either side closed: end this direction
+            return  # either side closed: the normal end of this direction (finally resets both)
         finally:
             for s in (src, dst):
                 self._reset(s)

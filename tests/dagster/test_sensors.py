@@ -131,13 +131,21 @@ def webhook() -> Iterator[tuple[str, list[dict]]]:
         yield hook.url, hook.received
 
 
+def _alert_on(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult) -> None:
+    """Evaluate run_failure_alert_sensor on a failed in-process run, as the daemon would."""
+    context = dg.build_run_status_sensor_context(
+        sensor_name="run_failure_alert_sensor", dagster_event=failed.get_run_failure_event(),
+        dagster_instance=instance, dagster_run=failed.dagster_run,
+    ).for_run_failure()
+    defs.resolve_sensor_def("run_failure_alert_sensor")(context)
+
+
 def test_run_failure_sensor_logs_and_posts_an_alert(
     dagster_env: Settings, engine: sa.Engine, webhook: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A failed run produces an alert POSTed to BATCH_ASSETS_ALERT_WEBHOOK naming run and job."""
     url, received = webhook
     monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
-    sensor = defs.resolve_sensor_def("run_failure_alert_sensor")
     with dg.instance_for_test() as instance:
         failed = get_job("customer_status_sweep_job").execute_in_process(
             run_config={"ops": {"plan_sweep": {"config": {"page_size": 5000}}}},
@@ -145,13 +153,7 @@ def test_run_failure_sensor_logs_and_posts_an_alert(
             raise_on_error=False,
         )
         assert not failed.success
-        context = dg.build_run_status_sensor_context(
-            sensor_name="run_failure_alert_sensor",
-            dagster_event=failed.get_run_failure_event(),
-            dagster_instance=instance,
-            dagster_run=failed.dagster_run,
-        ).for_run_failure()
-        sensor(context)
+        _alert_on(instance, failed)
     [alert] = received
     assert alert["run_id"] == failed.run_id and alert["job"] == "customer_status_sweep_job"
     assert alert["status"] == "FAILURE"
@@ -228,7 +230,6 @@ def test_a_config_mistake_fails_at_plan_in_one_line_and_the_alert_gives_that_lin
     """A value the launchpad lets through fails plan_sweep with one line naming the field; the alert carries it."""
     url, received = webhook
     monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
-    sensor = defs.resolve_sensor_def("run_failure_alert_sensor")
     with dg.instance_for_test() as instance:
         failed = get_job("customer_status_sweep_job").execute_in_process(
             run_config={"ops": {"plan_sweep": {"config": {field: value}}}}, instance=instance, raise_on_error=False,
@@ -237,11 +238,7 @@ def test_a_config_mistake_fails_at_plan_in_one_line_and_the_alert_gives_that_lin
         description = failure.step_failure_data.user_failure_data.description
         assert description.startswith(expected) and "\n" not in description
         assert "ValidationError" not in description and "pydantic" not in description
-        context = dg.build_run_status_sensor_context(
-            sensor_name="run_failure_alert_sensor", dagster_event=failed.get_run_failure_event(),
-            dagster_instance=instance, dagster_run=failed.dagster_run,
-        ).for_run_failure()
-        sensor(context)
+        _alert_on(instance, failed)
     [alert] = received
     assert f"plan_sweep: {description}" in alert["text"] and "Steps failed" not in alert["text"]
 
