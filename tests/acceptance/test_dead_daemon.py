@@ -54,6 +54,10 @@ def test_kill_9_of_daemon_code_server_and_run_worker(cli_env: dict[str, str], en
         config = {"ops": {"plan_sweep": {"config": {"mode": "full", "run_date": run_date.isoformat(),
                                                     "page_size": 200, "workers": 1, "ranges": 2}}}}
         log_path = tmp_path / "daemon.log"
+        # Create Dagster's storage once, before the daemon and `dagster job launch` start together: two
+        # processes creating a fresh SQLite storage race in its schema migration (alembic CommandError).
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            instance.get_runs(limit=1)
         with _daemon(env, log_path) as first:
             _launch(env, config)
             _launch(env, config)  # queued behind the first: one sweep at a time
