@@ -32,7 +32,18 @@ def run_bench(
     emit: Callable[[dict[str, Any]], None],
     err: Callable[[str], None],
 ) -> int:
-    """Run the suite (imported here: building the CLI parser must not pay for the bench's imports)."""
+    """Run the suite (imported here: building the CLI parser must not pay for the bench's imports).
+
+    The charts need the `bench` extra (matplotlib), which the product's runtime install does not carry:
+    without it the bench stops at once with exit 2 and the command that installs it, before measuring.
+    """
+    import importlib.util
+
+    from batch_assets.errors import ConfigError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("the bench needs its extra: pip install 'batch_assets[bench]' (or -e '.[bench]')",
+                          field="bench")
     from batch_assets.bench.suite import run_bench as run
 
     return run(args, settings, emit=emit, err=err)

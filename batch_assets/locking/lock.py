@@ -17,10 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
-import redis
 import sqlalchemy as sa
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.retry import Retry
 
 from batch_assets.db.engine import describe_target
 from batch_assets.errors import LockStoreUnavailable, cause_line
@@ -244,6 +241,11 @@ class RedisJobLock:
     """The job lock as a Redis key: SET NX PX, Lua compare-and-extend and compare-and-delete."""
 
     def __init__(self, redis_url: str, *, key_prefix: str = REDIS_KEY_PREFIX, timeout_s: float = 5.0) -> None:
+        # Imported here: only a deployment that sets BATCH_ASSETS_REDIS_URL pays for the client (start-up, issue 20).
+        import redis
+        from redis.backoff import ExponentialWithJitterBackoff
+        from redis.retry import Retry
+
         parsed = redis.connection.parse_url(redis_url)
         self._target = f"{parsed.get('host', 'localhost')}:{parsed.get('port', 6379)}"
         self.key_prefix = key_prefix
@@ -254,6 +256,7 @@ class RedisJobLock:
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 2),
             decode_responses=True,
         )
+        self._errors = redis.exceptions
         self._acquire = self.client.register_script(_ACQUIRE_LUA)
         self._take_over = self.client.register_script(_TAKE_OVER_DEAD_LUA)
         self._extend = self.client.register_script(_EXTEND_LUA)
@@ -268,7 +271,7 @@ class RedisJobLock:
     def _translate(self) -> Iterator[None]:
         try:
             yield
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        except (self._errors.ConnectionError, self._errors.TimeoutError) as exc:
             raise LockStoreUnavailable(
                 f"lock store Redis at {self._target} is unavailable: {cause_line(exc)}"
             ) from None

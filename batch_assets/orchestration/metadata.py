@@ -1,7 +1,9 @@
 """Run metadata for people: numbers the Plots tab can chart, and tables built with pandas.
 
 Never in the hot path: these run once per run, on small aggregates (counts by status,
-by category, per range), so pandas' cost does not matter and its tables read well.
+by category, per range), so pandas' cost does not matter and its tables read well. pandas
+is imported where a table is built, not with the module: a CLI run that writes no table
+(a delta with nothing due) does not pay its import (start-up, issue 20).
 """
 
 from __future__ import annotations
@@ -9,13 +11,15 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
-import pandas as pd
 import sqlalchemy as sa
 
 from batch_assets.orchestration.resources import DatabaseResource
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NUMERIC_KEYS = ("scanned", "changed", "unchanged", "failed")
 
@@ -31,6 +35,8 @@ def run_numbers(summary: Mapping[str, Any]) -> dict[str, int | float]:
 
 def frame_table(frame: pd.DataFrame, *, empty: str = "(none)") -> dg.MetadataValue:
     """A DataFrame as a markdown table (thousands separators for whole numbers)."""
+    import pandas as pd
+
     if frame.empty:
         frame = pd.DataFrame({frame.columns[0] if len(frame.columns) else "": [empty]})
     shown = frame.copy()
@@ -42,6 +48,8 @@ def frame_table(frame: pd.DataFrame, *, empty: str = "(none)") -> dg.MetadataVal
 
 def counts_table(engine: sa.Engine, query: sa.TextClause, *, label: str) -> tuple[dict[str, int], dg.MetadataValue]:
     """Rows by `label` from a (label, n) query: as numbers and as a table."""
+    import pandas as pd
+
     with engine.connect() as conn:
         rows = conn.execute(query).all()
     frame = pd.DataFrame([(str(r[0]), int(r[1])) for r in rows], columns=[label, "rows"])
@@ -51,6 +59,8 @@ def counts_table(engine: sa.Engine, query: sa.TextClause, *, label: str) -> tupl
 
 def records_table(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> dg.MetadataValue:
     """A list of dicts (e.g. one per cursor range) as a table of the given columns."""
+    import pandas as pd
+
     frame = pd.DataFrame([{c: r.get(c) for c in columns} for r in records], columns=list(columns))
     return frame_table(frame)
 
