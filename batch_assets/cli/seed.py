@@ -41,7 +41,8 @@ def cmd_seed_customers(args: argparse.Namespace, settings: Settings) -> int:
         bad_fraction=args.bad_fraction,
         seed=args.seed,
         rules=rules,
-        progress=lambda n: err(f"seeded {n:,} customers"),
+        # Rows sent so far; nothing is committed (nor "seeded") until the one transaction commits at the end.
+        progress=lambda n: err(f"copying customers: {n:,} of {args.rows:,} sent (committed at the end)"),
     )
     summary = report.to_summary()
     summary["run_date"] = run_date.isoformat()

@@ -245,4 +245,4 @@ def test_a_category_name_over_63_characters_is_refused_naming_the_limit(cli_env,
     assert "63" in result.stderr and "300" in result.stderr, result.describe()
     assert long_name not in result.stderr  # one readable line, not the whole value
     assert scalar(populated, "SELECT count(*) FROM ba_rules") == 0
-    ok(cli_env, "rules", "set", "--thresholds", f"MINOR=0,{'A' * 63}=18")
+    ok(cli_env, "rules", "set", "--replace", "--thresholds", f"MINOR=0,{'A' * 63}=18")

@@ -263,7 +263,7 @@ def test_config_change_recomputes_the_right_rows_with_contract_triggers(cli_env,
     [
         "MINOR=0,ADULT=26,YOUNG_ADULT=18",
         "MINOR=0,ADULT=18,ADULT=26",
-        "YOUNG_ADULT=18,ADULT=26,SENIOR=65",
+        "MINOR=5,YOUNG_ADULT=18",
         "MINOR=0,YOUNG_ADULT=18,ADULT=18",
         "MINOR=0,YOUNG_ADULT=eighteen",
     ],

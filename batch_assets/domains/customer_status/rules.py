@@ -48,19 +48,41 @@ class Rules:
 
     @classmethod
     def parse(cls, text: str) -> Rules:
-        """Parse `NAME=AGE,NAME=AGE,...` (the `rules set --thresholds` syntax)."""
-        pairs: list[tuple[str, int]] = []
-        if not text.strip():
-            raise ConfigError(f"must not be empty, got {text!r} (expected NAME=AGE,NAME=AGE,...)", field="thresholds")
-        for part in (p.strip() for p in text.split(",")):
-            if not part:  # "MINOR=0,$UNSET" or a doubled comma: not a rule the operator meant to drop
-                raise ConfigError(f"empty entry in {text!r} (expected NAME=AGE,NAME=AGE,...)", field="thresholds")
-            name, sep, age = part.partition("=")
-            # ASCII digits only: str.isdigit() also takes '²' and '１８', which int() then rejects or reads.
-            if not sep or not _AGE_RE.fullmatch(age.strip()):
-                raise ConfigError(f"{part!r} is not NAME=AGE (AGE in ASCII digits, e.g. ADULT=26)", field="thresholds")
-            pairs.append((name.strip(), int(age.strip())))
-        return cls.from_pairs(pairs)
+        """Parse `NAME=AGE,NAME=AGE,...` as the whole list (the `rules set --replace --thresholds` syntax)."""
+        return cls.from_pairs(parse_pairs(text))
+
+    def merged(self, text: str) -> Rules:
+        """These rules with the `NAME=AGE,...` of `text` merged in (`rules set --thresholds`).
+
+        A NAME that is a category here gets the new age in its place; the others keep theirs. A new NAME
+        is added where its age falls. The entries of `text` are listed youngest first, like a rule list;
+        the result is validated as a whole (`validate`: starts at 0, strictly increasing, at most 130), so
+        a change that would reorder the categories is refused, naming `thresholds`."""
+        pairs = parse_pairs(text)
+        for name, _ in pairs:
+            _check_category(name)
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            raise ConfigError("category names must be unique", field="thresholds")
+        for (before, young), (after, old) in zip(pairs, pairs[1:], strict=False):
+            if old <= young:
+                raise ConfigError(f"ages must be strictly increasing, got {before}={young} then {after}={old}",
+                                  field="thresholds")
+        given = dict(pairs)
+        kept = [Rule(r.category, given.pop(r.category, r.min_age)) for r in self.rules]
+        validate(kept)  # an existing category moved past its neighbour: refused here, before new ones fit in
+        added = [Rule(name, age) for name, age in given.items()]
+        return Rules(tuple(sorted(kept + added, key=lambda r: r.min_age)))
+
+    def changes_from(self, old: Rules) -> str:
+        """What differs from `old`, for people: `YOUNG_ADULT 18->21, ELDER added (90), ...` or `no change`."""
+        before = {r.category: r.min_age for r in old.rules}
+        after = {r.category: r.min_age for r in self.rules}
+        parts = [f"{name} {before[name]}->{age}" for name, age in after.items()
+                 if name in before and before[name] != age]
+        parts += [f"{name} added ({age})" for name, age in after.items() if name not in before]
+        parts += [f"{name} removed" for name in before if name not in after]
+        return ", ".join(parts) or "no change"
 
     def to_json(self) -> list[list[str | int]]:
         return [[r.category, r.min_age] for r in self.rules]
@@ -88,6 +110,23 @@ class Rules:
 
     def __str__(self) -> str:
         return ",".join(f"{r.category}={r.min_age}" for r in self.rules)
+
+
+def parse_pairs(text: str) -> list[tuple[str, int]]:
+    """`NAME=AGE,NAME=AGE,...` as (name, age) pairs, each entry well formed (ConfigError naming `thresholds`);
+    whether they make a valid rule list is `validate`'s question."""
+    pairs: list[tuple[str, int]] = []
+    if not text.strip():
+        raise ConfigError(f"must not be empty, got {text!r} (expected NAME=AGE,NAME=AGE,...)", field="thresholds")
+    for part in (p.strip() for p in text.split(",")):
+        if not part:  # "MINOR=0,$UNSET" or a doubled comma: not a rule the operator meant to drop
+            raise ConfigError(f"empty entry in {text!r} (expected NAME=AGE,NAME=AGE,...)", field="thresholds")
+        name, sep, age = part.partition("=")
+        # ASCII digits only: str.isdigit() also takes '²' and '１８', which int() then rejects or reads.
+        if not sep or not _AGE_RE.fullmatch(age.strip()):
+            raise ConfigError(f"{part!r} is not NAME=AGE (AGE in ASCII digits, e.g. ADULT=26)", field="thresholds")
+        pairs.append((name.strip(), int(age.strip())))
+    return pairs
 
 
 def validate(rules: Sequence[Rule]) -> None:

@@ -6,6 +6,7 @@ An empty table means DEFAULT_RULES (version 0).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import sqlalchemy as sa
 
@@ -65,12 +66,22 @@ def settled_rules(conn: sa.Connection) -> Rules | None:
 def set_rules(engine: sa.Engine, rules: Rules) -> int:
     """Store `rules` as the new current version and return it; a no-op returning the current
     version when the fingerprint equals the current one."""
+    return change_rules(engine, lambda _current: rules)[0]
+
+
+def change_rules(engine: sa.Engine, change: Callable[[Rules], Rules]) -> tuple[int, Rules, Rules]:
+    """Store `change(current rules)` as the new current version: (version, rules before, rules now).
+
+    `change` runs under the rules lock on the rules in force, so two concurrent merges (`rules set
+    --thresholds YOUNG_ADULT=21` and `... ADULT=30`) both land; a ConfigError from it writes nothing.
+    Equal fingerprints store nothing and return the current version."""
     with engine.begin() as conn:
         conn.execute(sql.LOCK_RULES)
         version, current = current_rules(conn)
+        rules = change(current)
         if current.fingerprint == rules.fingerprint:
-            return version
+            return version, current, current
         row = conn.execute(
             sql.INSERT_RULES, {"rules": json.dumps(rules.to_json()), "fingerprint": rules.fingerprint}
         ).one()
-        return int(row[0])
+        return int(row[0]), current, rules
