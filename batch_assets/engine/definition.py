@@ -1,15 +1,17 @@
-"""What a sweep plugs into the engine: queries, compute and a write plan.
+"""The engine's plug-in API: what a sweep must say and the optional hooks it may give.
 
-Adding a sweep means adding one module with a `SweepDefinition` subclass; the
-runner (paging, concurrency, transactions, fallback, breaker, checkpoints)
-stays the same. Rows are whatever narrow tuple the definition's queries return.
+A sweep is a `Sweep`: a `Reader` (keyset pages; `SqlReader` for two statements and their
+parameters), `compute(row)` and `write_page`. Everything else has a default: `write_row`
+(a page of one), `pre_check`, `side_effects` and `write_failures` (retry, name, record).
+The runner (paging, concurrency, transactions, fallback, breaker, checkpoints) stays the
+same. Rows are whatever narrow tuple the reader returns. docs/DESIGN.md shows the seams.
 """
 
 from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any, Protocol
@@ -120,141 +122,48 @@ class WriteCounts:
         self.triggers = triggers
 
 
-class WritePlan(ABC):
-    """How a sweep writes; the runner owns the transactions around these calls."""
-
-    @abstractmethod
-    def write_side_effects(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> int:
-        """Write side effects that must survive a failed page (review triggers), idempotently.
-
-        Called in a short transaction of its own, BEFORE the page write, so a
-        failure after it leaves the difference visible and the next run redoes
-        it. Returns how many were newly written; issues no statement when there
-        is nothing to write.
-        """
-
-    @abstractmethod
-    def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
-        """The page's data, its bookkeeping stamp and its outbox events, in bulk, inside the page transaction.
-
-        A row is written only if every column read still holds the value read (CONTRACT §3); the
-        others are counted in `conflicts`. `rows` counts rows written whose outcome is a success
-        (not a failure kept due).
-        """
-
-    def needs_side_effects(self, changed: Sequence[RowOutcome]) -> bool:
-        """Whether `write_side_effects` has anything to write (else its transaction is skipped)."""
-        return True
-
-    def write_row(self, conn: sa.Connection, outcome: RowOutcome) -> WriteCounts:
-        """One row of the per-row fallback, inside its own short transaction."""
-        return self.write_page(conn, (outcome,))
-
-    def write_retryable(self, exc: BaseException) -> bool:
-        """Whether a write transaction that failed with `exc` is run again as it is, on a fresh connection.
-
-        If not, a failed page write falls back to one transaction per row, and a failed row write fails
-        the row (`write_failure_kind`). Default: every transient failure (connection, server, timeout).
-        """
-        return is_transient(exc)
-
-    def write_failure_kind(self, exc: BaseException) -> str:
-        """The failure kind counted for a row whose own write failed with `exc`."""
-        return WRITE_ERROR
-
-    records_write_failures: bool = False
-    """True when `record_write_failure` writes something (else no transaction is opened for it)."""
-
-    def record_write_failure(self, conn: sa.Connection, outcome: RowOutcome, exc: BaseException) -> Any:
-        """Record a row's failed write, in a short transaction of its own after the failed one rolled back.
-
-        Only called when `records_write_failures`. Its return value goes to `failure_recorded` once the
-        transaction committed. If it fails for its own reason, the row simply keeps its stored state.
-        """
-        return None
-
-    def failure_recorded(self, outcome: RowOutcome, recorded: Any) -> None:
-        """Called after `record_write_failure`'s transaction committed, with what it returned."""
-        return None
+RowHook = Callable[[Row], bool]
+"""A cheap test on the narrow row (the pre-check): False = the row is unchanged and is not computed."""
+SideEffects = Callable[[sa.Connection, Sequence[RowOutcome]], int]
+"""Side effects that must survive a failed page, written idempotently in a short transaction of their own
+BEFORE the page write (so a failure after it leaves the difference visible and the next run redoes it);
+returns how many were newly written."""
 
 
-class SweepDefinition(WritePlan):
-    """A sweep: which rows (per mode), how to compute one, how to write the changes."""
+def check_page_size(page_size: int, maximum: int) -> None:
+    """ConfigError naming page_size when it exceeds what a sweep's statements may carry (`Reader.max_page_size`)."""
+    if page_size > maximum:
+        raise ConfigError(f"must be at most {maximum} for this sweep, got {page_size}", field="page_size")
 
-    name: str = "sweep"
-    modes: tuple[str, ...] = ("delta", "full")
-    ranged_modes: tuple[str, ...] = ("full",)
-    """Modes that may be restricted to a CursorRange other than the whole key space."""
-    uses_pre_check: bool = False
+
+class Reader(ABC):
+    """Which rows a sweep reads, in which key order, one keyset page at a time (outside any transaction).
+
+    Required: `read_page` (or the three statements of `SqlReader`) and `cursor_of`. The rest has defaults.
+    """
+
+    ranged: bool = False
+    """True when the reader honours a CursorRange other than the whole key space (e.g. a full sweep)."""
+    failed_writes_stay_due: bool = False
+    """True when a row whose write failed is selected again by the next run with this reader (e.g. a delta:
+    the row keeps its due date). When False (a full sweep reads every row once), a page with such a row never
+    moves the low watermark and the run ends FAILURE, resumable, so the row is not left behind."""
     max_page_size: int = MAX_PAGE_SIZE
     """Upper bound of settings.page_size for this sweep (how many keys one write statement may carry)."""
 
-    @classmethod
-    def check_page_size(cls, page_size: int) -> None:
-        """ConfigError naming page_size when it exceeds what this sweep's write statement may carry."""
-        if page_size > cls.max_page_size:
-            raise ConfigError(f"must be at most {cls.max_page_size} for this sweep, got {page_size}",
-                              field="page_size")
-    failed_writes_stay_due: bool = False
-    """True when a row whose write failed is still selected by the next run of this mode (e.g. a delta:
-    the row keeps its due date). When False (a full sweep reads every row once), a page with such a row
-    never moves the low watermark and the run ends FAILURE, resumable, so the row is not left behind."""
-
-    def __init__(self, mode: str) -> None:
-        if mode not in self.modes:
-            raise ConfigError(f"must be one of {', '.join(self.modes)}, got {mode!r}", field="mode")
-        self.mode = mode
-
-    # Reading ---------------------------------------------------------------
-
     @abstractmethod
-    def first_page_sql(self) -> sa.TextClause:
-        """The mode's first-page statement (no cursor): a named `sa.text` of the definition's sql.py."""
-
-    @abstractmethod
-    def after_page_sql(self) -> sa.TextClause:
-        """The mode's after-cursor statement: a separate statement, never `(:c IS NULL OR ...)`."""
-
-    @abstractmethod
-    def page_params(self, cursor: Cursor | None, limit: int, cursor_range: CursorRange) -> dict[str, Any]:
-        """Bound parameters of the first (cursor None) or after-cursor statement."""
+    def read_page(self, conn: sa.Connection, cursor: Cursor | None, limit: int, cursor_range: CursorRange) -> list:
+        """At most `limit` rows after `cursor` (None: from the range's start), in key order."""
 
     @abstractmethod
     def cursor_of(self, row: Row) -> Cursor:
         """The JSON-able keyset position of a row."""
 
-    def read_page(self, conn: sa.Connection, cursor: Cursor | None, limit: int, cursor_range: CursorRange) -> list:
-        sql = self.first_page_sql() if cursor is None else self.after_page_sql()
-        params = self.page_params(cursor, limit, cursor_range)
-        result = conn.execute(sql, params)
-        try:
-            # Plain driver tuples (not sa.Row): the hot path's row type, ~25% cheaper per row to load.
-            return list(result.cursor.fetchall())
-        finally:
-            result.close()
-
-    # Computing (outside any transaction) -----------------------------------
-
-    def pre_check(self, row: Row) -> bool:
-        """Cheap test on the narrow row: True = the row needs the full evaluation."""
-        return True
-
-    @abstractmethod
-    def compute(self, row: Row) -> RowOutcome:
-        """Evaluate one row; never raises for bad data (returns a failure kind instead)."""
-
-    def describe(self, row: Row) -> str:
-        """How a row is named in DEBUG logs (an id, never a sensitive value)."""
-        return str(self.cursor_of(row))
-
-    # Checkpointed cursors ----------------------------------------------------
-
     def valid_cursor(self, cursor: Cursor, cursor_range: CursorRange) -> bool:
-        """Whether a checkpointed cursor is a position this sweep can resume from inside `cursor_range`.
+        """Whether a checkpointed cursor is a position this reader can resume from inside `cursor_range`.
 
-        A checkpoint is a row other connections can edit: one that is not a key of this sweep's shape,
-        or lies past the range's end, is not resumed (the range starts over). Never raises.
-        Default: any cursor."""
+        A checkpoint is a row other connections can edit: one that is not a key of this reader's shape, or
+        lies past the range's end, is not resumed (the range starts over). Never raises. Default: any cursor."""
         return cursor is not None
 
     def display_cursor(self, cursor: Cursor | None) -> Any:
@@ -264,9 +173,89 @@ class SweepDefinition(WritePlan):
         table keeps the real cursor. Default: the cursor itself."""
         return cursor
 
-    def check_range(self, cursor_range: CursorRange) -> None:
-        if not cursor_range.is_full and self.mode not in self.ranged_modes:
-            raise ConfigError(f"mode {self.mode!r} runs over the whole key space only", field="cursor_range")
+
+class SqlReader(Reader):
+    """A reader written as two named `sa.text` statements of the sweep's sql.py and their parameters."""
+
+    @abstractmethod
+    def first_page_sql(self) -> sa.TextClause:
+        """The first-page statement (no cursor)."""
+
+    @abstractmethod
+    def after_page_sql(self) -> sa.TextClause:
+        """The after-cursor statement: a separate statement, never `(:c IS NULL OR ...)`."""
+
+    @abstractmethod
+    def page_params(self, cursor: Cursor | None, limit: int, cursor_range: CursorRange) -> dict[str, Any]:
+        """Bound parameters of the first (cursor None) or after-cursor statement."""
+
+    def read_page(self, conn: sa.Connection, cursor: Cursor | None, limit: int, cursor_range: CursorRange) -> list:
+        sql = self.first_page_sql() if cursor is None else self.after_page_sql()
+        result = conn.execute(sql, self.page_params(cursor, limit, cursor_range))
+        try:
+            # Plain driver tuples (not sa.Row): the hot path's row type, ~25% cheaper per row to load.
+            return list(result.cursor.fetchall())
+        finally:
+            result.close()
+
+
+class WriteFailures:
+    """How a sweep's failed writes are treated. The default: a transient failure (connection, server,
+    timeout) is retried as it is, a row's own failure is counted as `write_error`, nothing is recorded."""
+
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether a write transaction that failed with `exc` is run again as it is, on a fresh connection.
+
+        If not, a failed page write falls back to one transaction per row, and a failed row write fails the
+        row (`kind`)."""
+        return is_transient(exc)
+
+    def kind(self, exc: BaseException) -> str:
+        """The failure kind counted for a row whose own write failed with `exc`."""
+        return WRITE_ERROR
+
+    record: Callable[[sa.Connection, RowOutcome, BaseException], Callable[[], None] | None] | None = None
+    """Optional: record a row's failed write, in a short transaction of its own after the failed one rolled
+    back (None: no transaction is opened). It may return what to do once that transaction committed. If it
+    fails for its own reason, the row simply keeps its stored state."""
+
+
+DEFAULT_WRITE_FAILURES = WriteFailures()
+
+
+class Sweep(ABC):
+    """A sweep plugged into the engine (`engine.runner.run_sweep`): which rows, how one is computed, how the
+    changes are written. The runner owns paging, concurrency, transactions, fallback, breaker and checkpoints.
+
+    What a sweep must say (4): `name`, `reader`, `compute`, `write_page`.
+    Optional, with defaults (4): `write_row`, and the hooks `pre_check`, `side_effects` and `write_failures`;
+    a hook left None costs nothing (the runner never calls it nor opens a transaction for it).
+    A sweep instance is built for one run: its mode, run date and rules are fixed when it is built.
+    """
+
+    name: str
+    """The checkpoints', logs' and run history's name of the sweep."""
+    reader: Reader
+
+    @abstractmethod
+    def compute(self, row: Row) -> RowOutcome:
+        """Evaluate one row, outside any transaction; never raises for bad data (returns a failure kind)."""
+
+    @abstractmethod
+    def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
+        """The page's data, its bookkeeping stamp and its outbox events, in bulk, inside the page transaction.
+
+        A row is written only if every column read still holds the value read (CONTRACT §3); the others are
+        counted in `conflicts`. `rows` counts rows written whose outcome is a success (not a failure kept due).
+        """
+
+    def write_row(self, conn: sa.Connection, outcome: RowOutcome) -> WriteCounts:
+        """One row of the per-row fallback, inside its own short transaction. Default: a page of one."""
+        return self.write_page(conn, (outcome,))
+
+    pre_check: RowHook | None = None
+    side_effects: SideEffects | None = None
+    write_failures: WriteFailures = DEFAULT_WRITE_FAILURES
 
 
 class CheckpointLike(Protocol):

@@ -38,8 +38,9 @@ from batch_assets.engine.definition import (
     RowOutcome,
     RunContext,
     RunGuardLike,
-    SweepDefinition,
+    Sweep,
     WriteCounts,
+    check_page_size,
 )
 from batch_assets.engine.result import (
     FAILURE,
@@ -50,7 +51,7 @@ from batch_assets.engine.result import (
     SweepResult,
 )
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import LeaseLost, error_text
+from batch_assets.errors import ConfigError, LeaseLost, error_text
 
 log = logging.getLogger("batch_assets.sweep")
 
@@ -82,7 +83,7 @@ ProgressCallback = Callable[[dict[str, Any]], None]
 
 def run_sweep(
     engine: sa.Engine,
-    definition: SweepDefinition,
+    definition: Sweep,
     settings: SweepSettings,
     ctx: RunContext,
     *,
@@ -95,10 +96,11 @@ def run_sweep(
     """Run one sweep to completion, a stop, a lost lease or a tripped breaker; never raises for row data.
 
     `settings` was validated when it was built (SweepSettings.__post_init__); only the page size is
-    checked here, against what this definition's write statement may carry."""
-    definition.check_page_size(settings.page_size)
+    checked here, against what this sweep's statements may carry (`Reader.max_page_size`)."""
+    check_page_size(settings.page_size, definition.reader.max_page_size)
     cursor_range = cursor_range or FULL_RANGE
-    definition.check_range(cursor_range)
+    if not cursor_range.is_full and not definition.reader.ranged:
+        raise ConfigError(f"mode {ctx.mode!r} runs over the whole key space only", field="cursor_range")
     return _Run(engine, definition, settings, ctx, checkpoints, guard, stop, cursor_range, progress).run()
 
 
@@ -106,7 +108,7 @@ class _Run:
     def __init__(
         self,
         engine: sa.Engine,
-        definition: SweepDefinition,
+        definition: Sweep,
         settings: SweepSettings,
         ctx: RunContext,
         checkpoints: CheckpointStoreLike | None,
@@ -117,6 +119,7 @@ class _Run:
     ) -> None:
         self.engine = engine
         self.definition = definition
+        self.reader = definition.reader
         self.settings = settings
         self.ctx = ctx
         self.checkpoints = checkpoints
@@ -158,7 +161,7 @@ class _Run:
         log.info(
             "sweep %s started: run_id=%s mode=%s run_date=%s range=%s resumed_from=%s",
             self.definition.name, self.ctx.run_id, self.ctx.mode, self.ctx.run_date, self.range_key,
-            self.definition.display_cursor(resumed_from),
+            self.reader.display_cursor(resumed_from),
         )
         next_read: Future[tuple[list, int]] | None = prefetch.submit(self._read, cursor, self.limit)
         try:
@@ -176,7 +179,7 @@ class _Run:
                     if not rows:
                         next_read = None
                         break
-                    end = self.definition.cursor_of(rows[-1])
+                    end = self.reader.cursor_of(rows[-1])
                     # Keyset: the next page starts after this page's last row, read while workers compute.
                     next_read = prefetch.submit(self._read, end, self.limit) if len(rows) >= limit else None
                     window.append((pool.submit(self._process_page, rows), end))
@@ -246,7 +249,7 @@ class _Run:
                 log.warning("sweep %s: low watermark not recorded on interrupt: %s", self.definition.name,
                             type(exc).__name__)
         log.warning("sweep %s interrupted: drained, low watermark %s", self.definition.name,
-                    self.definition.display_cursor(last_cursor))
+                    self.reader.display_cursor(last_cursor))
 
     def _load_checkpoint(self) -> tuple[Cursor | None, bool]:
         """(the cursor to resume after, or None to start at the range's start; whether the range finished)."""
@@ -260,7 +263,7 @@ class _Run:
         cursor = checkpoint.cursor
         if cursor is None:
             return None, False
-        if not self.definition.valid_cursor(cursor, self.cursor_range):
+        if not self.reader.valid_cursor(cursor, self.cursor_range):
             # Resuming after it would fail every read (not a key) or end the range with rows unread (past its
             # end). Not printed: it may hold a derived date.
             log.warning("sweep %s: the checkpoint of mode %s range %s is not a position in the range; "
@@ -306,7 +309,7 @@ class _Run:
         self.counters.merge(page)
         reason = None
         unwritten = page.unwritten
-        if unwritten and not self.definition.failed_writes_stay_due:
+        if unwritten and not self.reader.failed_writes_stay_due:
             # Rows whose write failed and that no later run of this mode would select again: the low
             # watermark stays before this page and the run will end FAILURE (resumable from here).
             advance = False
@@ -482,7 +485,7 @@ class _Run:
         self, status: str, reason: str | None, resumed_from: Cursor | None, last_cursor: Cursor | None, seconds: float
     ) -> SweepResult:
         c = self.counters.snapshot()
-        shown = self.definition.display_cursor
+        shown = self.reader.display_cursor
         gave_up_on, gave_up_after = self.gave_up if self.gave_up is not None else (None, 0)
         return SweepResult(
             status=status,
@@ -517,7 +520,7 @@ class _Run:
         # from the same cursor, so nothing is skipped.
         def read() -> list:
             try:
-                return self.definition.read_page(self._reader_conn(), cursor, limit, self.cursor_range)
+                return self.reader.read_page(self._reader_conn(), cursor, limit, self.cursor_range)
             except Exception as exc:
                 if is_transient(exc):
                     self._drop_reader()
@@ -562,7 +565,7 @@ class _Run:
         definition = self.definition
         page = PageCounts()
         page.scanned = len(rows)
-        pre_check = definition.pre_check if definition.uses_pre_check else None
+        pre_check = definition.pre_check  # hooks are looked up once per page, never per row
         compute = definition.compute
         debug = log.isEnabledFor(logging.DEBUG)
         changed: list[RowOutcome] = []
@@ -575,7 +578,7 @@ class _Run:
             except Exception as exc:  # a defect in compute: fail the row, and count it as systemic
                 page.fail(INVALID_VALUE, systemic=True)
                 log.warning("sweep %s: compute raised %s for %s", definition.name, type(exc).__name__,
-                            definition.describe(row))
+                            self._describe(row))
                 continue
             page.decrypted += outcome.decrypted
             if outcome.failure is not None:
@@ -583,7 +586,7 @@ class _Run:
                 # systemic failures feed the breaker.
                 page.fail(outcome.failure, systemic=False if outcome.known else None)
                 if debug:
-                    log.debug("sweep %s: row %s failed: %s", definition.name, definition.describe(row),
+                    log.debug("sweep %s: row %s failed: %s", definition.name, self._describe(row),
                               outcome.failure)
             elif outcome.change is None:
                 page.unchanged += 1
@@ -600,6 +603,10 @@ class _Run:
         if changed:
             self._write(changed, page)
         return page, time.monotonic() - started
+
+    def _describe(self, row: Any) -> str:
+        """How a row is named in logs: its cursor as shown to people (an id, never a sensitive value)."""
+        return str(self.reader.display_cursor(self.reader.cursor_of(row)))
 
     def _begin(self, conn: sa.Connection, timeouts: dict[str, str]) -> None:
         """First statement of every write transaction: SET LOCAL the timeouts and, when guarded, fence
@@ -618,15 +625,16 @@ class _Run:
         unfinished: the low watermark never passes it and the run ends FAILURE, resumable.
         """
         definition = self.definition
+        side_effects = definition.side_effects
         with _PageConnection(self.engine) as held:
             # 1. Side effects that must survive a failed page, in their own short transaction, first:
             #    if the page write then fails, the stored row still differs and the next run redoes both.
-            side_effects_done = not definition.needs_side_effects(changed)
+            #    A sweep without the hook opens no transaction for it.
+            side_effects_done = side_effects is None
             try:
-                if not side_effects_done:
+                if side_effects is not None:
                     page.triggers += held.transaction(
-                        self, "side-effect write", self.page_timeouts,
-                        lambda conn: definition.write_side_effects(conn, changed),
+                        self, "side-effect write", self.page_timeouts, lambda conn: side_effects(conn, changed),
                     )
                     side_effects_done = True
             except sa.exc.DBAPIError as exc:
@@ -652,39 +660,46 @@ class _Run:
         self, held: _PageConnection, outcome: RowOutcome, page: PageCounts, side_effects_done: bool
     ) -> None:
         definition = self.definition
+        side_effects = definition.side_effects
         try:
-            if not side_effects_done and definition.needs_side_effects((outcome,)):
+            if not side_effects_done and side_effects is not None:
                 page.triggers += held.transaction(
-                    self, "row side-effect write", self.row_timeouts,
-                    lambda conn: definition.write_side_effects(conn, (outcome,)),
+                    self, "row side-effect write", self.row_timeouts, lambda conn: side_effects(conn, (outcome,)),
                 )
             counts = held.transaction(
                 self, "row write", self.row_timeouts, lambda conn: definition.write_row(conn, outcome)
             )
         except sa.exc.DBAPIError as exc:  # the row's own failure (retryable ones are retried, then PageNotDone)
+            failures = definition.write_failures
             if outcome.failure is None:
-                page.fail(definition.write_failure_kind(exc))
+                page.fail(failures.kind(exc))
                 page.unwritten += 1
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("sweep %s: row write failed: %s", definition.name, error_text(exc))
-            if definition.records_write_failures:
-                self._record_failure(held, outcome, exc)
+            if failures.record is not None:
+                self._record_failure(held, failures.record, outcome, exc)
             return
         _take(page, counts)
 
-    def _record_failure(self, held: _PageConnection, outcome: RowOutcome, exc: sa.exc.DBAPIError) -> None:
-        """The definition's record of a failed row write, in a short transaction of its own."""
-        definition = self.definition
+    def _record_failure(
+        self,
+        held: _PageConnection,
+        record: Callable[[sa.Connection, RowOutcome, BaseException], Callable[[], None] | None],
+        outcome: RowOutcome,
+        exc: sa.exc.DBAPIError,
+    ) -> None:
+        """The sweep's record of a failed row write (`WriteFailures.record`), in a short transaction of its
+        own; what it returned runs once that transaction committed."""
         try:
-            recorded = held.transaction(
-                self, "failure record", self.row_timeouts,
-                lambda conn: definition.record_write_failure(conn, outcome, exc),
+            committed = held.transaction(
+                self, "failure record", self.row_timeouts, lambda conn: record(conn, outcome, exc),
             )
         except sa.exc.DBAPIError as record_exc:  # e.g. the row itself is locked: it keeps its stored state
-            log.warning("sweep %s: a failed row write was not recorded (%s)", definition.name,
+            log.warning("sweep %s: a failed row write was not recorded (%s)", self.definition.name,
                         error_text(record_exc))
             return
-        definition.failure_recorded(outcome, recorded)
+        if committed is not None:
+            committed()
 
 
 def _take(page: PageCounts, counts: WriteCounts) -> None:
@@ -741,4 +756,4 @@ class _PageConnection:
                     _discard(conn)
                 raise
 
-        return run._retrying(what, once, retryable=run.definition.write_retryable)
+        return run._retrying(what, once, retryable=run.definition.write_failures.retryable)

@@ -17,7 +17,7 @@ from batch_assets.crypto import DobCipher
 from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate
 from batch_assets.domains.customer_status.sweep import CustomerStatusSweep
 from batch_assets.domains.subscriptions.expiry import ExpirySettings, run_expiry
-from batch_assets.domains.subscriptions.sweep import ExpirySweep
+from batch_assets.domains.subscriptions.sweep import ExpiryFailures, ExpirySweep
 from batch_assets.engine.definition import RowOutcome, RunContext, WriteCounts
 from batch_assets.engine.runner import run_sweep
 from batch_assets.engine.settings import SweepSettings
@@ -251,15 +251,16 @@ def test_a_failed_expiry_does_not_mark_a_renewed_subscription_failed(engine: sa.
         conn.exec_driver_sql("CREATE TRIGGER test_refuse_delete BEFORE DELETE ON enrollments "
                              "FOR EACH ROW EXECUTE FUNCTION test_refuse_delete()")
 
-    class RenewingExpiry(ExpirySweep):
-        def record_write_failure(self, conn: sa.Connection, outcome: RowOutcome, exc: BaseException) -> int | None:
+    class RenewingFailures(ExpiryFailures):
+        def record(self, conn: sa.Connection, outcome: RowOutcome, exc: BaseException) -> Callable[[], None] | None:
             if outcome.change[0] == 7:
                 with engine.begin() as other:
                     other.exec_driver_sql("UPDATE subscriptions SET expiry_date = '2026-01-01' WHERE id = 7")
-            return super().record_write_failure(conn, outcome, exc)
+            return super().record(conn, outcome, exc)
 
     settings = ExpirySettings.build().to_sweep_settings()
-    definition = RenewingExpiry("nightly", run_date=EXPIRY_RUN_DATE, max_retries=3)
+    definition = ExpirySweep("nightly", run_date=EXPIRY_RUN_DATE, max_retries=3)
+    definition.write_failures = RenewingFailures(definition.from_status, definition.max_retries)
     result = run_sweep(engine, definition, settings, RunContext("expiry-run", "nightly", EXPIRY_RUN_DATE))
     assert (result.changed, result.failed) == (0, 2)
     with engine.connect() as conn:

@@ -11,8 +11,14 @@ import sqlalchemy as sa
 from batch_assets.crypto import DobCipher
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import current_rules, settled_rules
-from batch_assets.domains.customer_status.sweep import MODES, CustomerStatusSweep
-from batch_assets.engine.definition import CheckpointStoreLike, CursorRange, RunContext, RunGuardLike
+from batch_assets.domains.customer_status.sweep import MODES, CustomerStatusSweep, FullReader
+from batch_assets.engine.definition import (
+    CheckpointStoreLike,
+    CursorRange,
+    RunContext,
+    RunGuardLike,
+    check_page_size,
+)
 from batch_assets.engine.result import SweepResult
 from batch_assets.engine.runner import ProgressCallback, run_sweep
 from batch_assets.engine.settings import SweepSettings
@@ -56,7 +62,7 @@ def run_customer_status_sweep(
         settings = SweepSettings.build()
     elif isinstance(settings, dict):
         settings = SweepSettings.build(**settings)
-    CustomerStatusSweep.check_page_size(settings.page_size)
+    check_page_size(settings.page_size, FullReader.max_page_size)  # the delta reader's bound is the same
     if cursor_range is not None and not cursor_range.is_full and mode == "delta":
         raise ConfigError("delta runs over the whole key space only", field="cursor_range")
     with engine.connect() as conn:

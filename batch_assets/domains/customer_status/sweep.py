@@ -1,4 +1,4 @@
-"""The customer-status sweep (CONTRACT §5) as a SweepDefinition plug-in.
+"""The customer-status sweep (CONTRACT §5) as a `Sweep` on the engine's plug-in API.
 
 Row = (id, encrypted_dob, age_category, next_review_date, review_failure, dob_bytes): encrypted_dob is
 NULL when it is longer than `max_value_bytes` (its length is in dob_bytes), so what a page holds is
@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from batch_assets.crypto import DobCipher
 from batch_assets.domains.customer_status import sql
 from batch_assets.domains.customer_status.rules import Rules, evaluate, needs_evaluation, parse_dob
-from batch_assets.engine.definition import CursorRange, RowOutcome, SweepDefinition, WriteCounts
+from batch_assets.engine.definition import CursorRange, RowOutcome, SqlReader, Sweep, WriteCounts
 from batch_assets.engine.result import DECRYPT_FAILURE, INVALID_VALUE, MISSING_DATA
 from batch_assets.errors import ConfigError, DecryptError
 
@@ -45,76 +45,34 @@ _INVALID = ("", None, None)
 _ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
-class CustomerStatusSweep(SweepDefinition):
-    """delta | full | config-change over ACTIVE customers."""
+class DeltaReader(SqlReader):
+    """delta: ACTIVE rows due on the run date (next_review_date <= run date or NULL), in (date, id) order."""
 
-    name = SWEEP_NAME
-    modes = MODES
-    ranged_modes = ("full", "config-change")
+    # A delta row whose write failed keeps its stored (due) date, so tomorrow's delta retries it.
+    failed_writes_stay_due = True
 
-    def __init__(
-        self,
-        mode: str,
-        *,
-        cipher: DobCipher,
-        run_date: date,
-        rules: Rules,
-        previous_rules: Rules | None = None,
-        max_value_bytes: int = MAX_VALUE_BYTES,
-    ) -> None:
-        super().__init__(mode)
-        if not VALID_CIPHERTEXT_BYTES <= max_value_bytes <= 1_048_576:
-            raise ConfigError(f"must be between {VALID_CIPHERTEXT_BYTES} and 1048576, got {max_value_bytes}",
-                              field="max_value_bytes")
-        self.max_value_bytes = max_value_bytes
+    def __init__(self, run_date: date, max_value_bytes: int) -> None:
         self.run_date = run_date
-        self.rules = rules
-        self.previous_rules = previous_rules
-        # config-change skips the decrypt of rows the rule change cannot affect.
-        self.uses_pre_check = mode == "config-change" and previous_rules is not None
-        # A delta row whose write failed keeps its stored (due) date, so tomorrow's delta retries it; a
-        # full or config-change row may hold a date that is not due, so the run must not pass it.
-        self.failed_writes_stay_due = mode == "delta"
-        self._decrypt = cipher.decrypt
-        self._memo: dict[bytes, tuple[str, date | None, date | None]] = {}
-        self._unchanged_decrypted = RowOutcome(None, None, 1)
-
-    # Reading ---------------------------------------------------------------
+        self.max_value_bytes = max_value_bytes
 
     def first_page_sql(self) -> sa.TextClause:
-        return sql.DELTA_FIRST_PAGE if self.mode == "delta" else sql.FULL_FIRST_PAGE
+        return sql.DELTA_FIRST_PAGE
 
     def after_page_sql(self) -> sa.TextClause:
-        return sql.DELTA_AFTER_PAGE if self.mode == "delta" else sql.FULL_AFTER_PAGE
+        return sql.DELTA_AFTER_PAGE
 
     def page_params(self, cursor: Any, limit: int, cursor_range: CursorRange) -> dict[str, Any]:
-        if self.mode == "delta":
-            params: dict[str, Any] = {"run_date": self.run_date, "limit": limit,
-                                      "max_value_bytes": self.max_value_bytes}
-            if cursor is not None:
-                params["after_date"], after_id = cursor
-                params["after_id"] = uuid.UUID(after_id)
-            return params
-        if cursor is None:
-            return {"lo": cursor_range.lo, "hi": cursor_range.hi, "limit": limit,
-                    "max_value_bytes": self.max_value_bytes}
-        return {"after": uuid.UUID(cursor), "hi": cursor_range.hi, "limit": limit,
-                "max_value_bytes": self.max_value_bytes}
+        params: dict[str, Any] = {"run_date": self.run_date, "limit": limit, "max_value_bytes": self.max_value_bytes}
+        if cursor is not None:
+            params["after_date"], after_id = cursor
+            params["after_id"] = uuid.UUID(after_id)
+        return params
 
     def cursor_of(self, row: Any) -> Any:
-        if self.mode == "delta":
-            return [NEGATIVE_INFINITY if row[3] is None else row[3].isoformat(), str(row[0])]
-        return str(row[0])
-
-    def describe(self, row: Any) -> str:
-        return str(row[0])
+        return [NEGATIVE_INFINITY if row[3] is None else row[3].isoformat(), str(row[0])]
 
     def valid_cursor(self, cursor: Any, cursor_range: CursorRange) -> bool:
-        """full / config-change: an id inside the range; delta: [ISO date on or before the run date, or
-        '-infinity'; an id]."""
-        if self.mode != "delta":
-            key = _uuid(cursor)
-            return key is not None and cursor_range.lo <= key <= cursor_range.hi
+        """[ISO date on or before the run date, or '-infinity'; an id]."""
         if not isinstance(cursor, list) or len(cursor) != 2 or _uuid(cursor[1]) is None:
             return False
         after = cursor[0]
@@ -128,15 +86,82 @@ class CustomerStatusSweep(SweepDefinition):
             return False
 
     def display_cursor(self, cursor: Any) -> Any:
-        """A delta cursor's date is the stored next_review_date, derived from the date of birth: only its
-        id is shown ({"after_id": id}). A full cursor is an id and is shown as it is."""
-        if self.mode == "delta" and cursor is not None:
-            return {"after_id": str(cursor[-1]) if isinstance(cursor, list) and cursor else None}
-        return cursor
+        """A delta cursor's date is the stored next_review_date, derived from the date of birth: only its id is
+        shown ({"after_id": id})."""
+        if cursor is None:
+            return None
+        return {"after_id": str(cursor[-1]) if isinstance(cursor, list) and cursor else None}
+
+
+class FullReader(SqlReader):
+    """full / config-change: every ACTIVE row of a UUID cursor range, in id order (an id is shown as it is)."""
+
+    ranged = True
+    # failed_writes_stay_due stays False: a full row may hold a date that is not due, so the run must not pass it.
+
+    def __init__(self, max_value_bytes: int) -> None:
+        self.max_value_bytes = max_value_bytes
+
+    def first_page_sql(self) -> sa.TextClause:
+        return sql.FULL_FIRST_PAGE
+
+    def after_page_sql(self) -> sa.TextClause:
+        return sql.FULL_AFTER_PAGE
+
+    def page_params(self, cursor: Any, limit: int, cursor_range: CursorRange) -> dict[str, Any]:
+        if cursor is None:
+            return {"lo": cursor_range.lo, "hi": cursor_range.hi, "limit": limit,
+                    "max_value_bytes": self.max_value_bytes}
+        return {"after": uuid.UUID(cursor), "hi": cursor_range.hi, "limit": limit,
+                "max_value_bytes": self.max_value_bytes}
+
+    def cursor_of(self, row: Any) -> Any:
+        return str(row[0])
+
+    def valid_cursor(self, cursor: Any, cursor_range: CursorRange) -> bool:
+        """An id inside the range."""
+        key = _uuid(cursor)
+        return key is not None and cursor_range.lo <= key <= cursor_range.hi
+
+
+class CustomerStatusSweep(Sweep):
+    """delta | full | config-change over ACTIVE customers. Hooks: the config-change pre-check; review triggers
+    and outbox events are written by the page write itself (no side-effect transaction)."""
+
+    name = SWEEP_NAME
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        cipher: DobCipher,
+        run_date: date,
+        rules: Rules,
+        previous_rules: Rules | None = None,
+        max_value_bytes: int = MAX_VALUE_BYTES,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"must be one of {', '.join(MODES)}, got {mode!r}", field="mode")
+        if not VALID_CIPHERTEXT_BYTES <= max_value_bytes <= 1_048_576:
+            raise ConfigError(f"must be between {VALID_CIPHERTEXT_BYTES} and 1048576, got {max_value_bytes}",
+                              field="max_value_bytes")
+        self.mode = mode
+        self.max_value_bytes = max_value_bytes
+        self.run_date = run_date
+        self.rules = rules
+        self.previous_rules = previous_rules
+        self.reader = DeltaReader(run_date, max_value_bytes) if mode == "delta" else FullReader(max_value_bytes)
+        # config-change skips the decrypt of rows the rule change cannot affect.
+        if mode == "config-change" and previous_rules is not None:
+            self.pre_check = self._affected
+        self._decrypt = cipher.decrypt
+        self._memo: dict[bytes, tuple[str, date | None, date | None]] = {}
+        self._unchanged_decrypted = RowOutcome(None, None, 1)
 
     # Computing -------------------------------------------------------------
 
-    def pre_check(self, row: Any) -> bool:
+    def _affected(self, row: Any) -> bool:
+        """The pre-check of config-change: False = the rule change cannot affect this row (not decrypted)."""
         if row[4] is not None:
             return True  # failed last time: always evaluate again
         return needs_evaluation(row[2], row[3], self.run_date, self.previous_rules, self.rules)
@@ -194,14 +219,8 @@ class CustomerStatusSweep(SweepDefinition):
         return RowOutcome(_change(row, category, new_review, kind, None), kind, decrypted, known)
 
     # Writing ---------------------------------------------------------------
-
-    def needs_side_effects(self, changed: Sequence[RowOutcome]) -> bool:
-        # Review triggers are written by WRITE_PAGE itself, from the rows it updated: a trigger exists
-        # exactly when its row's change committed, so a row edited since the read gets none.
-        return False
-
-    def write_side_effects(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> int:
-        return 0
+    # Review triggers are written by WRITE_PAGE itself, from the rows it updated: a trigger exists exactly
+    # when its row's change committed, so a row edited since the read gets none (no side_effects hook).
 
     def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
         changes = [o.change for o in changed]
