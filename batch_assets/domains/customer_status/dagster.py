@@ -400,9 +400,10 @@ def log_termination(
         return
     counters = saved.counters or {}
     done = ", ".join(f"{k} {int(counters.get(k) or 0):,}" for k in ("scanned", "changed", "failed", "pages"))
+    shown = json.dumps(definition.reader.display_cursor(saved.cursor))
     context.log.warning(
         f"{task.label} terminated: the pages in flight were drained and written ({done}); checkpoint "
-        f"{'finished' if saved.finished else 'at ' + json.dumps(definition.display_cursor(saved.cursor))}; "
+        f"{'finished' if saved.finished else 'at ' + shown}; "
         f"the next {task.mode} run for the same rules and run date resumes from it"
     )
 
