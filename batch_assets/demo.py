@@ -31,7 +31,7 @@ def run_demo(
 ) -> int:
     from batch_assets.crypto import cipher_from_settings
     from batch_assets.db.engine import connected_engine, describe_target
-    from batch_assets.db.migrate import migrate
+    from batch_assets.db.migrate import labels, migrate
     from batch_assets.domains.customer_status.dagster import SweepConfig
     from batch_assets.domains.outbox.dagster import OutboxRelayConfig
     from batch_assets.domains.payments.dagster import QueueDrainConfig
@@ -43,7 +43,7 @@ def run_demo(
     engine = connected_engine(settings)
     err(f"database: {describe_target(engine.url)} ({'embedded' if settings.embedded else 'configured'})")
     applied = migrate(engine)
-    err(f"migrations applied: {[m.version for m in applied] or 'none pending'}")
+    err(f"migrations applied: {labels(applied)}")
 
     seeded: dict[str, int] = {}
     if _count(engine, "customers") == 0:

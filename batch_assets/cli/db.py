@@ -20,9 +20,10 @@ def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> int:
     engine = connected_engine(settings)
     applied = migrate(engine)
     for m in applied:
-        err(f"applied migration {m.version:04d}_{m.name}")
+        err(f"applied migration {m.label}")
     versions = applied_versions(engine)
-    emit({"status": "SUCCESS", "applied": [m.version for m in applied], "schema_versions": versions})
+    emit({"status": "SUCCESS", "applied": [m.version for m in applied], "applied_names": [m.label for m in applied],
+          "schema_versions": versions})
     return EXIT_OK
 
 

@@ -16,6 +16,8 @@ import sqlalchemy as sa
 # Any constant works; it only has to be the same for every migrating process.
 MIGRATION_LOCK_KEY = 0x62615F6D6967  # "ba_mig"
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+NEVER_SHIPPED = {3: "numbered by hand, the operations migration became 0004; no database has version 3"}
+"""Numbers below the newest migration that have no file, and why (see the migrations package docstring)."""
 
 VERSIONS_DDL = """
 CREATE TABLE IF NOT EXISTS ba_schema_versions (
@@ -31,6 +33,16 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def label(self) -> str:
+        """`0004_ops`: the file's name, what people read (a bare list of numbers looks like a gap to fix)."""
+        return f"{self.version:04d}_{self.name}"
+
+
+def labels(migrations: list[Migration]) -> str:
+    """`0001_initial, 0002_queue, 0004_ops`, or `none pending`."""
+    return ", ".join(m.label for m in migrations) or "none pending"
 
 
 def load_migrations() -> list[Migration]:

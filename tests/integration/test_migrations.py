@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from batch_assets.db import schema
 from batch_assets.db.engine import create_engine
-from batch_assets.db.migrate import applied_versions, load_migrations, migrate
+from batch_assets.db.migrate import NEVER_SHIPPED, applied_versions, load_migrations, migrate
 
 pytestmark = pytest.mark.integration
 
@@ -103,3 +105,26 @@ def test_dob_write_clears_next_review_date(engine: sa.Engine) -> None:
         assert conn.execute(sa.text("SELECT next_review_date FROM customers")).scalar() is not None
         conn.execute(sa.text("UPDATE customers SET encrypted_dob = '\\x01'"))
         assert conn.execute(sa.text("SELECT next_review_date FROM customers")).scalar() is None
+
+
+def test_every_absent_number_is_a_documented_one() -> None:
+    """Numbers only grow; one below the newest without a file is in NEVER_SHIPPED (with why), and only then."""
+    versions = {m.version for m in load_migrations()}
+    absent = set(range(1, max(versions) + 1)) - versions
+    assert absent == set(NEVER_SHIPPED), f"undocumented gap(s) {sorted(absent - set(NEVER_SHIPPED))}"
+    assert all(NEVER_SHIPPED.values())
+
+
+def test_db_migrate_names_what_it_applied(cli_env: dict[str, str], empty_db_url: str) -> None:
+    """`db migrate` on an empty database lists the files by name (`0004_ops`), not a bare list with a hole."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "acceptance"))
+    from _cli import ok, run_cli
+
+    env = {**cli_env, "BATCH_ASSETS_DATABASE_URL": empty_db_url}
+    result = run_cli(env, "db", "migrate")
+    assert result.returncode == 0, result.describe()
+    expected = [f"{m.version:04d}_{m.name}" for m in load_migrations()]
+    assert result.summary is not None and result.summary["applied_names"] == expected
+    assert [line.removeprefix("applied migration ") for line in result.stderr.splitlines()
+            if line.startswith("applied migration ")] == expected
+    assert ok(env, "db", "migrate")["applied_names"] == []
