@@ -18,7 +18,7 @@ tells the ops whether they share one process (`in_one_process`), for the lock ow
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import dagster as dg
 
@@ -84,7 +84,7 @@ def ranges_executor(plan_op: str, ranges_of: RangesOf) -> dg.ExecutorDefinition:
     )
 
     def create(init_context: dg.InitExecutorContext) -> dg.Executor:
-        config = init_context.executor_config
+        config = cast(Mapping[str, Mapping[str, object]], init_context.executor_config)
         if "multiprocess" not in config:
             return _core_in_process_executor_creation(config["in_process"])
         multiprocess = _core_multiprocess_executor_creation(config["multiprocess"])
@@ -92,7 +92,7 @@ def ranges_executor(plan_op: str, ranges_of: RangesOf) -> dg.ExecutorDefinition:
 
     return dg.ExecutorDefinition(
         name="ranges_executor",
-        config_schema=multi_or_in_process_executor.config_schema,
+        config_schema=multi_or_in_process_executor.config_schema.as_field(),
         requirements=_get_default_executor_requirements,
         executor_creation_fn=create,
         description="One process for a run of one range; one process per step (at most max_concurrent) "
