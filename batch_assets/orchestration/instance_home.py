@@ -13,7 +13,6 @@ import os
 import shutil
 from pathlib import Path
 
-import batch_assets
 from batch_assets.errors import ConfigError
 from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
 
@@ -23,7 +22,8 @@ POSTGRES_TEMPLATE = "dagster.postgres.yaml"
 
 def repo_root() -> Path:
     """The repository (the package is installed editable): where workspace.yaml and dagster*.yaml live."""
-    return Path(batch_assets.__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]  # .../batch_assets/orchestration/instance_home.py; not via
+    # `import batch_assets`, whose __init__ imports a domain (this module sits below the domains' layer)
 
 
 def write_instance_config(settings: Settings) -> Path:
