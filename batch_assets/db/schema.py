@@ -106,6 +106,25 @@ queue_state = sa.Table(
     sa.Column("updated_at", TZ, nullable=False),
 )
 
+# rate_limit_per_s across all workers (migration 0007): the next free call slot of each queue.
+queue_rate = sa.Table(
+    "ba_queue_rate",
+    metadata,
+    sa.Column("queue", sa.Text, primary_key=True),
+    sa.Column("next_slot", TZ, nullable=False),
+    sa.Column("updated_at", TZ, nullable=False),
+)
+
+# max_in_flight across all workers (migration 0007): slot k of a queue, its holder and lease.
+queue_slots = sa.Table(
+    "ba_queue_slots",
+    metadata,
+    sa.Column("queue", sa.Text, primary_key=True),
+    sa.Column("slot", sa.Integer, primary_key=True),
+    sa.Column("holder", UUID(as_uuid=True), nullable=True),
+    sa.Column("lease_until", TZ, nullable=True),
+)
+
 rules = sa.Table(
     "ba_rules",
     metadata,

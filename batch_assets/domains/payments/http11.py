@@ -15,6 +15,7 @@ import asyncio
 import base64
 import ssl
 from collections import deque
+from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from batch_assets.errors import ConfigError
@@ -28,6 +29,14 @@ class HttpError(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
         self.kind = kind
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The final response: its status and its `Retry-After` header as sent (None when absent)."""
+
+    status: int
+    retry_after: str | None = None
 
 
 class _Stale(Exception):
@@ -57,6 +66,10 @@ class PostClient:
 
     async def post(self, body: bytes, headers: dict[str, str]) -> int:
         """POST `body`; return the status code. Raises HttpError on timeouts and transport failures."""
+        return (await self.post_answer(body, headers)).status
+
+    async def post_answer(self, body: bytes, headers: dict[str, str]) -> Answer:
+        """POST `body`; return the status and the final response's Retry-After (raw text, or None)."""
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         request = self._head + f"{extra}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
         async with self._slots:
@@ -81,7 +94,7 @@ class PostClient:
 
     async def _exchange(
         self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], request: bytes, *, reused: bool
-    ) -> int:
+    ) -> Answer:
         reader, writer = conn
         keep = False
         try:
@@ -97,8 +110,8 @@ class PostClient:
                 if reused:
                     raise _Stale
                 raise HttpError("transport_error", "limits service closed the connection")
-            status, keep = await self._read_response(reader, status_line)
-            return status
+            answer, keep = await self._read_response(reader, status_line)
+            return answer
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, ConnectionError, OSError) as exc:
             raise HttpError("transport_error", f"limits call failed ({type(exc).__name__})") from None
         finally:
@@ -107,8 +120,8 @@ class PostClient:
             else:
                 writer.close()
 
-    async def _read_response(self, reader: asyncio.StreamReader, status_line: bytes) -> tuple[int, bool]:
-        """The final response's status and whether the connection may be kept; its body is drained.
+    async def _read_response(self, reader: asyncio.StreamReader, status_line: bytes) -> tuple[Answer, bool]:
+        """The final response (status, Retry-After) and whether the connection may be kept; its body is drained.
 
         1xx informational responses (100 Continue, 103 Early Hints) come before the final one and
         are skipped, so the final verdict is never left unread for the next call on this connection.
@@ -116,15 +129,16 @@ class PostClient:
         a verdict.
         """
         while True:
-            status, keep, length, chunked = await self._read_head(reader, status_line)
+            status, keep, length, chunked, retry_after = await self._read_head(reader, status_line)
             if status == 101:
                 raise ValueError("unexpected 101 Switching Protocols")
             if not 100 <= status < 200:
                 break
             status_line = await reader.readline()
             _complete(status_line)
+        answer = Answer(status, retry_after)
         if status in (204, 304):
-            return status, keep
+            return answer, keep
         if chunked:
             while True:
                 size_line = await reader.readline()
@@ -133,16 +147,18 @@ class PostClient:
                 if size == 0:
                     while _complete(await reader.readline()) not in (b"\r\n", b"\n"):
                         pass  # trailers
-                    return status, keep
+                    return answer, keep
                 await reader.readexactly(size + 2)
         if length is not None:
             await reader.readexactly(length)
-            return status, keep
+            return answer, keep
         await reader.read()  # no length: the body ends when the server closes
-        return status, False
+        return answer, False
 
-    async def _read_head(self, reader: asyncio.StreamReader, status_line: bytes) -> tuple[int, bool, int | None, bool]:
-        """Status line and headers: (status, keep-alive, Content-Length or None, chunked)."""
+    async def _read_head(
+        self, reader: asyncio.StreamReader, status_line: bytes
+    ) -> tuple[int, bool, int | None, bool, str | None]:
+        """Status line and headers: (status, keep-alive, Content-Length or None, chunked, Retry-After or None)."""
         parts = _complete(status_line).split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
             raise ValueError("not an HTTP/1.x status line")
@@ -150,12 +166,15 @@ class PostClient:
         keep = parts[0] == b"HTTP/1.1"
         length: int | None = None
         chunked = False
+        retry_after: str | None = None
         while True:
             line = _complete(await reader.readline())
             if line in (b"\r\n", b"\n"):
-                return status, keep, length, chunked
+                return status, keep, length, chunked, retry_after
             name, _, value = line.partition(b":")
             name = name.strip().lower()
+            if name == b"retry-after":
+                retry_after = value.strip()[:64].decode("latin-1")
             value = value.strip().lower()
             if name == b"content-length":
                 if not value.isdigit() or (length is not None and length != int(value)):

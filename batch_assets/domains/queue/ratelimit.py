@@ -1,0 +1,126 @@
+"""`rate_limit_per_s`: handler calls per second of one queue, held across every worker process on every host.
+
+The limit lives in PostgreSQL (migration 0007): one row per queue with the next free call slot, as
+the generic cell rate algorithm keeps its theoretical arrival time. `ba_rate_take` reserves, in one
+statement, a run of slots 1/rate apart starting at max(next slot, now) and moves the next slot past
+them; a worker calls at those times. So two calls of a queue are never closer than 1/rate whichever
+workers make them, over any window the calls number at most rate x window + 1, and an idle queue
+saves up no burst. Slots are handed out at most `horizon_s` ahead of now, so one worker cannot
+reserve a long stretch the others then wait behind.
+
+In a worker, each lane awaits `acquire()` before its call. The lanes' requests are batched: one
+statement asks for as many slots as lanes wait, or for a tenth of a second's worth (`PREFETCH_S`, at
+most one per lane) when that is more; when none fit within the horizon the server answers when they
+will, and the worker sleeps until then (no spinning). A slot no lane took within `STALE_S` of its
+time is dropped, not used late, so late calls never bunch up: over any window of w seconds the calls
+number at most rate x (w + STALE_S) + 1. Times are the server's (`clock_timestamp()`), so the
+hosts' clocks need not agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from batch_assets.domains.queue.side import SideConnection
+from batch_assets.errors import ConfigError
+
+MAX_RATE_PER_S = 100_000.0
+"""Upper bound of rate_limit_per_s (above it, asking the database per slot run costs more than the limit saves)."""
+PREFETCH_S = 0.1
+"""A statement reserves at least this much of the rate (at most one slot per lane)."""
+STALE_S = 0.05
+"""A reserved slot is used at most this long after its time, else dropped."""
+HORIZON_S = 1.0
+"""Slots are reserved at most this far ahead (2 slots when the rate is below 2/s): a worker that stops wastes
+at most this much of the rate."""
+
+# RATE_TAKE — reserve up to %(want)s call slots of %(queue)s (at least %(min)s of them, or none).
+#   %(queue)s text · %(want)s int · %(min)s int · %(rate)s float8 (calls/s) · %(horizon_s)s float8
+# Returns granted (int) and first_in_s (float8): seconds from now until the first granted slot, the
+# others 1/rate apart; with granted 0, seconds until %(min)s slots fit (see migration 0007).
+RATE_TAKE = "SELECT granted, first_in_s FROM ba_rate_take(%(queue)s, %(want)s, %(min)s, %(rate)s, %(horizon_s)s)"
+
+
+def check_rate(value: object, field: str = "rate_limit_per_s") -> float:
+    """A rate in calls/s: a finite number within 0 < rate <= MAX_RATE_PER_S; ConfigError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"must be a number of calls per second, got {value!r}", field=field)
+    if not 0 < value <= MAX_RATE_PER_S:
+        raise ConfigError(f"must be > 0 and <= {MAX_RATE_PER_S:g}, got {value!r}", field=field)
+    return float(value)
+
+
+@dataclass
+class RateStats:
+    """What the limiter did: slots granted, statements run, and the time lanes waited for their slot."""
+
+    granted: int = 0
+    statements: int = 0
+    refused: int = 0  # statements that granted nothing (the horizon was full)
+    dropped: int = 0  # slots no lane took within STALE_S of their time
+    waited_s: float = 0.0
+
+
+class RateLimiter:
+    """Call slots of queue `queue` at `rate_per_s` across all workers; `await acquire()` before each call."""
+
+    def __init__(
+        self, side: SideConnection, queue: str, rate_per_s: float, *, lanes: int = 1, horizon_s: float | None = None
+    ) -> None:
+        self.side = side
+        self.queue = queue
+        self.rate = check_rate(rate_per_s)
+        self.interval_s = 1.0 / self.rate
+        self.horizon_s = horizon_s if horizon_s is not None else max(HORIZON_S, 2 * self.interval_s)
+        # Ask for at least a quarter of the horizon at once (or what the lanes want), so workers that
+        # share the limit do not each fetch one slot per statement.
+        self.min_grant = max(1, math.floor(self.horizon_s * self.rate / 4))
+        self.prefetch = max(1, min(int(lanes), math.floor(self.rate * PREFETCH_S)))
+        self.slots: deque[float] = deque()  # event-loop times of granted slots, in order
+        self.waiting = 0
+        self.stats = RateStats()
+        self._taking = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        """Wait for this worker's next call slot (a database round trip when it holds none)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self.waiting += 1
+        try:
+            while True:
+                while self.slots and self.slots[0] < loop.time() - STALE_S:
+                    self.slots.popleft()  # nobody took it in time: a late call could bunch with the next ones
+                    self.stats.dropped += 1
+                if self.slots:
+                    break
+                async with self._taking:
+                    if not self.slots:
+                        await self._take()
+            at = self.slots.popleft()
+        finally:
+            self.waiting -= 1
+        delay = at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        self.stats.waited_s += loop.time() - started
+
+    async def _take(self) -> None:
+        """Reserve slots for the lanes waiting now; when none fit, sleep until the server says they will."""
+        loop = asyncio.get_running_loop()
+        while True:
+            want = max(self.waiting, self.prefetch)
+            params = {"queue": self.queue, "want": want, "min": min(want, self.min_grant), "rate": self.rate,
+                      "horizon_s": self.horizon_s}
+            [(granted, first_in_s)] = await self.side.fetch(RATE_TAKE, params)
+            now = loop.time()
+            self.stats.statements += 1
+            if granted > 0:
+                first = now + max(float(first_in_s), 0.0)
+                self.slots.extend(first + i * self.interval_s for i in range(int(granted)))
+                self.stats.granted += int(granted)
+                return
+            self.stats.refused += 1
+            await asyncio.sleep(max(float(first_in_s), self.interval_s / 4))

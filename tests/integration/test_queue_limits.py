@@ -1,0 +1,139 @@
+"""The queue's shared limits on a real PostgreSQL, piece by piece (issue 18): the rate limit's slots and the
+in-flight semaphore with its leases. Several limiters with connections of their own stand for several
+workers; test_queue_limits_processes.py runs real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+import sqlalchemy as sa
+
+from batch_assets.domains.queue.inflight import InFlightLimiter
+from batch_assets.domains.queue.ratelimit import RateLimiter
+from batch_assets.domains.queue.side import SideConnection
+from batch_assets.errors import ConfigError
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+
+def _conninfo(db_url: str) -> str:
+    return sa.engine.make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def _with_sides(db_url: str, n: int, body: Callable[[list[SideConnection]], Awaitable[T]]) -> T:
+    sides = [SideConnection(_conninfo(db_url)) for _ in range(n)]
+    try:
+        return await body(sides)
+    finally:
+        for side in sides:
+            await side.aclose()
+
+
+def _max_in_window(times: list[float], window: float = 1.0) -> int:
+    times = sorted(times)
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] <= t - window:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def test_three_limiters_share_one_rate_and_none_gets_a_burst(db_url: str) -> None:
+    """3 limiters (own connections) x 4 lanes at 40/s for 3 s: every 1 s window holds 40 ± 10%, and no two
+    slots are closer than 1/rate minus the event loop's slack."""
+    rate, seconds = 40.0, 3.0
+
+    async def scenario(sides: list[SideConnection]) -> tuple[list[float], list[RateLimiter]]:
+        limiters = [RateLimiter(side, "payments", rate, lanes=4) for side in sides]
+        loop = asyncio.get_running_loop()
+        times: list[float] = []
+        end = loop.time() + seconds
+
+        async def lane(limiter: RateLimiter) -> None:
+            while loop.time() < end:
+                await limiter.acquire()
+                times.append(loop.time())
+
+        await asyncio.gather(*(lane(limiter) for limiter in limiters for _ in range(4)))
+        return times, limiters
+
+    times, limiters = asyncio.run(_with_sides(db_url, 3, scenario))
+    times.sort()
+    counts = [sum(1 for t in times if start <= t < start + 1.0) for start in times if start + 1.0 <= times[-1]]
+    assert counts and min(counts) >= rate * 0.9 and max(counts) <= rate * 1.1, (min(counts), max(counts))
+    assert _max_in_window(times) <= rate * 1.1
+    assert all(limiter.stats.granted > 0 for limiter in limiters)  # each "worker" got its share
+    statements = sum(limiter.stats.statements for limiter in limiters)
+    assert statements <= len(times) / 2  # slots come in runs, not one statement per call
+
+
+def test_a_rate_that_cannot_work_names_its_field(db_url: str) -> None:
+    """0, negative, infinite or absurd rates are ConfigErrors naming rate_limit_per_s."""
+    side = SideConnection(_conninfo(db_url))
+    for bad in (0, -1, float("inf"), 1e9, True):
+        with pytest.raises(ConfigError) as info:
+            RateLimiter(side, "payments", bad)  # type: ignore[arg-type]
+        assert info.value.field == "rate_limit_per_s"
+
+
+def test_in_flight_slots_cap_calls_across_limiters(db_url: str) -> None:
+    """3 limiters x 5 lanes sharing max_in_flight 4: never more than 4 "calls" at once, and the cap is reached."""
+
+    async def scenario(sides: list[SideConnection]) -> tuple[int, int, list[InFlightLimiter]]:
+        limiters = [InFlightLimiter(side, "payments", 4, lease_s=30) for side in sides]
+        active = peak = done = 0
+
+        async def lane(limiter: InFlightLimiter) -> None:
+            nonlocal active, peak, done
+            for _ in range(6):
+                slot = await limiter.acquire()
+                active += 1
+                peak = max(peak, active)
+                await asyncio.sleep(0.03)  # the call
+                active -= 1
+                done += 1
+                limiter.release(slot)
+
+        await asyncio.gather(*(lane(limiter) for limiter in limiters for _ in range(5)))
+        for limiter in limiters:
+            await limiter.aclose()
+        return peak, done, limiters
+
+    peak, done, limiters = asyncio.run(_with_sides(db_url, 3, scenario))
+    assert done == 3 * 5 * 6
+    assert peak == 4
+    assert all(limiter.stats.taken > 0 for limiter in limiters)  # no limiter kept the slots to itself
+
+
+def test_a_dead_holders_slots_come_back_after_their_lease(db_url: str, engine: sa.Engine) -> None:
+    """A limiter that took every slot and vanished (no release, no renewal) blocks the others only until the
+    lease passes; a live holder that renews keeps its slots."""
+
+    async def scenario(sides: list[SideConnection]) -> tuple[float, list[int]]:
+        dead = InFlightLimiter(sides[0], "payments", 2, lease_s=1.0)
+        live = InFlightLimiter(sides[1], "payments", 2, lease_s=1.0)
+        other = InFlightLimiter(sides[2], "payments", 3, lease_s=1.0)  # a third slot for the live one
+        await dead.acquire()
+        await dead.acquire()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        slot = await live.acquire()  # waits for the dead holder's lease
+        waited = loop.time() - started
+        for _ in range(4):  # 2 s: twice the lease, renewed twice a lease
+            await asyncio.sleep(0.5)
+            await live.renew()
+        held_by_live = list(live.held)
+        assert await asyncio.wait_for(other.acquire(), 5) not in held_by_live
+        live.release(slot)
+        await live.aclose()
+        return waited, held_by_live
+
+    waited, held = asyncio.run(_with_sides(db_url, 3, scenario))
+    assert 0.5 <= waited <= 3.0, waited  # about the lease (1 s), not at once and not forever
+    assert len(held) == 1
