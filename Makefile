@@ -24,8 +24,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Dagster's UI (`dg dev`) on the CLI's instance; `make ui UI_ARGS="--port 3001"`. SIGTERM or Ctrl-C stops it
+# and every process it started (batch-assets ui passes the signal on to dg dev's process group).
+UI_ARGS ?=
 ui: $(STAMP)
-	$(BIN)/batch-assets ui
+	$(BIN)/batch-assets ui $(UI_ARGS)
 
 clean:
 	rm -rf $(VENV) .batch_assets

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from batch_assets.cli.args import (
@@ -25,20 +24,6 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     return run_bench(args, settings, emit=emit, err=err)
 
 
-def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
-    import os
-    import subprocess
-
-    from batch_assets.orchestration.launch import ensure_instance, repo_root
-
-    home = ensure_instance(settings)
-    err(f"DAGSTER_HOME={home}; open http://127.0.0.1:{args.port}")
-    env = dict(os.environ, DAGSTER_HOME=str(home))
-    cmd = [sys.executable, "-m", "dagster", "dev", "-w", str(repo_root() / "workspace.yaml"), "-p", str(args.port)]
-    return subprocess.call(cmd, env=env)
-
-
-
 def register(sub: Any) -> None:
     """demo, bench, ui"""
     demo = sub.add_parser("demo", help="the README's main job, end to end")
@@ -51,6 +36,6 @@ def register(sub: Any) -> None:
     add_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
-    ui = sub.add_parser("ui", help="open the Dagster UI (dagster dev) on the CLI's instance")
-    ui.add_argument("--port", type=at_least_one("port", 65535), default=3000)
-    ui.set_defaults(func=cmd_ui)
+    from batch_assets.cli import ui
+
+    ui.register(sub)
