@@ -9,7 +9,6 @@ same. Rows are whatever narrow tuple the reader returns. docs/DESIGN.md shows th
 
 from __future__ import annotations
 
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 
 from batch_assets.db.engine import is_transient
+from batch_assets.engine.ranges import FULL_RANGE, UUID_MAX, UUID_MIN, CursorRange  # noqa: F401 (re-exported)
 from batch_assets.engine.result import WRITE_ERROR
 from batch_assets.engine.settings import MAX_PAGE_SIZE
 from batch_assets.errors import ConfigError
@@ -26,40 +26,6 @@ from batch_assets.errors import ConfigError
 Row = Any
 Cursor = Any
 """A JSON-able position in the key order (the low watermark that is checkpointed)."""
-
-UUID_MIN = uuid.UUID("00000000-0000-0000-0000-000000000000")
-UUID_MAX = uuid.UUID("ffffffff-ffff-ffff-ffff-ffffffffffff")
-
-
-@dataclass(frozen=True)
-class CursorRange:
-    """An inclusive UUID key range [lo, hi]; always bound (the whole space is lo=0…0, hi=f…f)."""
-
-    lo: uuid.UUID = UUID_MIN
-    hi: uuid.UUID = UUID_MAX
-
-    def __post_init__(self) -> None:
-        if self.lo > self.hi:
-            raise ConfigError("lo must not be greater than hi", field="cursor_range")
-
-    @classmethod
-    def parse(cls, lo: str | uuid.UUID, hi: str | uuid.UUID) -> CursorRange:
-        try:
-            return cls(uuid.UUID(str(lo)), uuid.UUID(str(hi)))
-        except ValueError:
-            raise ConfigError("bounds must be UUIDs", field="cursor_range") from None
-
-    @property
-    def is_full(self) -> bool:
-        return self.lo == UUID_MIN and self.hi == UUID_MAX
-
-    @property
-    def key(self) -> str:
-        """The checkpoint's range_key: 'all' for the whole key space, else 'lo..hi'."""
-        return "all" if self.is_full else f"{self.lo}..{self.hi}"
-
-
-FULL_RANGE = CursorRange()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,205 @@
+"""Every defs.yaml under BATCH_ASSETS_DEFS_DIR, as Dagster components (CONTRACT §9, §10).
+
+The folder is put first on sys.path, so the functions a declaration names can live beside it. Each file is
+`type: <module.Class>` (a dagster.Component, e.g. batch_assets.SweepComponent or batch_assets.TableQueueComponent)
+and `attributes:`; the class's own model validates them (unknown attributes refused) and the component is built
+with Dagster's `Resolvable.resolve_from_model`.
+
+A file that cannot be loaded is one `DeclarationError` (a ConfigError: exit 2) naming the file and the
+attribute. `load_declarations` never raises for one: it returns the components that loaded and the errors, so
+the CLI refuses to run with a broken declaration while the code location still loads everything else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batch_assets.errors import ConfigError
+
+DEFS_DIR_ENV = "BATCH_ASSETS_DEFS_DIR"
+DEFS_FILE = "defs.yaml"
+
+
+class DeclarationError(ConfigError):
+    """A declaration that cannot work: `str()` is '<file>: <attribute>: <message>'."""
+
+    def __init__(self, path: Path, attribute: str, message: str) -> None:
+        super().__init__(message, field=attribute)
+        self.path = path
+        self.attribute = attribute
+        self.message = message
+        self.declares: str | None = None
+        """The job name the file declares, when it could be read (`jobs run NAME` refuses a broken NAME)."""
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.attribute}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    path: Path
+    component: Any
+    """A dagster.Component instance."""
+
+
+@dataclass
+class Declarations:
+    components: list[Loaded] = field(default_factory=list)
+    errors: list[DeclarationError] = field(default_factory=list)
+
+    def of_type(self, cls: type) -> list[Loaded]:
+        return [c for c in self.components if isinstance(c.component, cls)]
+
+    def raise_first(self) -> None:
+        """Raise the first error (the CLI: exit 2, one line naming the file and the attribute)."""
+        if self.errors:
+            raise self.errors[0]
+
+
+def defs_dir() -> Path | None:
+    """BATCH_ASSETS_DEFS_DIR, or None when unset (only the product's own jobs)."""
+    value = os.environ.get(DEFS_DIR_ENV)
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError("must not be empty (unset it for only the product's own jobs)", field=DEFS_DIR_ENV)
+    path = Path(value).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"{value!r} is not a folder", field=DEFS_DIR_ENV)
+    return path
+
+
+_CACHE: dict[tuple[str, tuple[tuple[str, int, int], ...]], Declarations] = {}
+
+
+def load_declarations(folder: Path | None = None) -> Declarations:
+    """Every defs.yaml under `folder` (default BATCH_ASSETS_DEFS_DIR), sorted by path; cached per file state."""
+    folder = folder if folder is not None else defs_dir()
+    if folder is None:
+        return Declarations()
+    files = sorted(folder.rglob(DEFS_FILE))
+    state = tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+    cached = _CACHE.get((str(folder), state))
+    if cached is not None:
+        return cached
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    found = Declarations()
+    for path in files:
+        try:
+            found.components.append(Loaded(path, load_file(path)))
+        except DeclarationError as exc:  # the caller shows it (the CLI: exit 2; the code location: logged)
+            exc.declares = _declared_name(path)
+            found.errors.append(exc)
+    _check_unique_names(found)
+    _CACHE[(str(folder), state)] = found
+    return found
+
+
+def load_file(path: Path) -> Any:
+    """One defs.yaml as a component; DeclarationError naming the file and the attribute."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise DeclarationError(path, "type", f"not a readable YAML file: {type(exc).__name__}") from None
+    if not isinstance(document, dict):
+        raise DeclarationError(path, "type", "expected a mapping with type and attributes")
+    extra = sorted(set(document) - {"type", "attributes"})
+    if extra:
+        raise DeclarationError(path, str(extra[0]), "unknown top-level key (expected type and attributes)")
+    cls = component_type(path, document.get("type"))
+    attributes = document.get("attributes") or {}
+    if not isinstance(attributes, dict):
+        raise DeclarationError(path, "attributes", "must be a mapping")
+    return build(path, cls, attributes)
+
+
+def component_type(path: Path, type_name: Any) -> type:
+    """The class a declaration's `type` names: a dagster.Component subclass."""
+    import dagster as dg
+
+    if not isinstance(type_name, str) or "." not in type_name:
+        raise DeclarationError(path, "type",
+                               f"must be module.Class (e.g. batch_assets.SweepComponent), got {type_name!r}")
+    module_name, _, attribute = type_name.rpartition(".")
+    try:
+        import importlib
+
+        cls = getattr(importlib.import_module(module_name), attribute)
+    except Exception as exc:  # noqa: BLE001 — any failure to find the type is this one error
+        raise DeclarationError(path, "type", f"{type_name} cannot be imported: {type(exc).__name__}") from None
+    if not isinstance(cls, type) or not issubclass(cls, dg.Component):
+        raise DeclarationError(path, "type", f"{type_name} is not a dagster.Component")
+    return cls
+
+
+def build(path: Path, cls: type, attributes: dict[str, Any]) -> Any:
+    """The component from its attributes: the class's model validates them, Dagster's resolution builds it."""
+    import dagster as dg
+    import pydantic
+
+    try:
+        model = cls.model().model_validate(attributes)  # type: ignore[attr-defined]
+        component = cls.resolve_from_model(dg.ResolutionContext.default(), model)  # type: ignore[attr-defined]
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "attributes"
+        kind = first.get("type")
+        message = "unknown attribute" if kind == "extra_forbidden" else \
+            str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise DeclarationError(path, where, message) from None
+    except ConfigError as exc:
+        raise from_config_error(path, exc) from None
+    except Exception as exc:  # noqa: BLE001 — a resolution failure of the team's file
+        raise DeclarationError(path, "attributes", f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+    check = getattr(component, "check_static", None)
+    if check is not None:
+        try:
+            check()
+        except ConfigError as exc:
+            raise from_config_error(path, exc) from None
+    return component
+
+
+def from_config_error(path: Path, exc: ConfigError) -> DeclarationError:
+    """A ConfigError about a declaration's attribute as the DeclarationError of its file."""
+    if isinstance(exc, DeclarationError):
+        return exc
+    attribute = exc.field or "attributes"
+    text = str(exc)
+    return DeclarationError(path, attribute, text.removeprefix(f"{attribute}: "))
+
+
+def _declared_name(path: Path) -> str | None:
+    """The `attributes.name` of a file that did not load, if it can be read at all."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        name = document["attributes"]["name"]
+    except Exception:  # noqa: BLE001 — unreadable: the error names the file anyway
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _check_unique_names(found: Declarations) -> None:
+    """Two declarations of the same job name: the second is an error."""
+    seen: dict[str, Path] = {}
+    kept = []
+    for loaded in found.components:
+        name = getattr(loaded.component, "name", None)
+        if isinstance(name, str) and name in seen:
+            duplicate = DeclarationError(loaded.path, "name", f"{name!r} is already declared in {seen[name]}")
+            duplicate.declares = name
+            found.errors.append(duplicate)
+            continue
+        if isinstance(name, str):
+            seen[name] = loaded.path
+        kept.append(loaded)
+    found.components = kept

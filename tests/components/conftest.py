@@ -1,0 +1,43 @@
+"""Fixtures of the declared-job tests: the example's accounts table in the test's own database, and a folder
+of the team's functions on sys.path (as BATCH_ASSETS_DEFS_DIR is)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "loyalty"
+
+
+@pytest.fixture
+def accounts(engine: sa.Engine) -> sa.Engine:
+    """The README example's table and rows (examples/loyalty/accounts.sql): 1,000 OPEN accounts, one without
+    points, and 10 CLOSED ones."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql((EXAMPLE / "accounts.sql").read_text())
+    return engine
+
+
+@pytest.fixture
+def functions(tmp_path: Path) -> Iterator[Path]:
+    """A folder first on sys.path, for the test's own compute modules (`write_module`)."""
+    folder = tmp_path / "functions"
+    folder.mkdir()
+    sys.path.insert(0, str(folder))
+    try:
+        yield folder
+    finally:
+        sys.path.remove(str(folder))
+        for name in [n for n, m in sys.modules.items() if str(folder) in str(getattr(m, "__file__", "") or "")]:
+            del sys.modules[name]
+
+
+def write_module(folder: Path, name: str, source: str) -> str:
+    (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    return name

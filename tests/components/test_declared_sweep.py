@@ -1,0 +1,204 @@
+"""The declared sweep on the engine (CONTRACT §9): only declared columns, exactly the `writes`, RowFailure vs
+compute_error, unchanged rows not written, compare-and-set writes with conflicts counted, sensitive values never
+shown, events without them, delta by `due`.
+
+Every test runs the real engine on its own database with the README example's table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from datetime import date, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from conftest import write_module
+
+from batch_assets.components.sweep_component import SweepComponent
+from batch_assets.engine.definition import RunContext
+from batch_assets.engine.ranges import CursorRange
+from batch_assets.engine.result import SweepResult
+from batch_assets.engine.runner import run_sweep
+from batch_assets.engine.settings import SweepSettings
+
+RUN_DATE = date(2026, 12, 1)
+LOYALTY = {
+    "name": "loyalty_tier", "table": "accounts", "key": "id", "columns": ["id", "points", "tier", "tier_review_on"],
+    "where": "status = 'OPEN'", "due": "tier_review_on", "compute": "tiers:compute",
+    "writes": ["tier", "tier_review_on"], "sensitive": ["points"], "event": "tier_changed",
+}
+
+
+@pytest.fixture
+def example_functions(functions: Path) -> Path:
+    """The README example's own tiers.py."""
+    source = (Path(__file__).resolve().parents[2] / "examples" / "loyalty" / "tiers.py").read_text()
+    write_module(functions, "tiers", source)
+    return functions
+
+
+def component(**overrides: Any) -> SweepComponent:
+    return SweepComponent.from_attributes_dict(attributes={**LOYALTY, **overrides})
+
+
+def sweep(engine: sa.Engine, declared: SweepComponent, mode: str = "full", *, run_date: date = RUN_DATE,
+          cursor_range: CursorRange | None = None, **settings: Any) -> SweepResult:
+    target = declared.target(engine)
+    from batch_assets.components.declared_sweep import DeclaredSweep
+
+    definition = DeclaredSweep(target, mode, run_date)
+    values = {"page_size": 100, "workers": 2, **settings}
+    return run_sweep(engine, definition, SweepSettings(**values), RunContext("run-1", mode, run_date),
+                     cursor_range=cursor_range or CursorRange.whole(target.kind))
+
+
+def expected_tier(points: int) -> str:
+    return "GOLD" if points >= 10_000 else "SILVER" if points >= 1_000 else "BRONZE"
+
+
+def rows(engine: sa.Engine, where: str = "TRUE") -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(f"SELECT id, status, points, tier, tier_review_on FROM accounts "  # noqa: S608
+                                         f"WHERE {where} ORDER BY id")))
+
+
+def test_full_then_again_then_delta(accounts: sa.Engine, example_functions: Path) -> None:
+    declared = component()
+    first = sweep(accounts, declared)
+    assert first.status == "SUCCESS", first.stopped_reason
+    assert (first.scanned, first.changed, first.failed) == (1000, 999, 1)
+    assert first.failed_by_type["missing_points"] == 1 and first.conflicts == 0
+    for row in rows(accounts, "status = 'OPEN' AND points IS NOT NULL"):
+        assert row.tier == expected_tier(row.points) and row.tier_review_on == RUN_DATE + timedelta(days=30)
+    [missing] = rows(accounts, "points IS NULL")
+    assert missing.tier is None and missing.tier_review_on is None, "a RowFailure row is not written: still due"
+    assert all(r.tier is None for r in rows(accounts, "status = 'CLOSED'")), "rows outside `where` are never read"
+    with accounts.connect() as conn:
+        events = [r.payload for r in conn.execute(sa.text(
+            "SELECT payload FROM outbox_events WHERE event_type = 'tier_changed'"))]
+    assert len(events) == 999
+    assert set(events[0]) == {"table", "key", "old", "new"} and set(events[0]["new"]) == {"tier", "tier_review_on"}
+    assert all("points" not in json.dumps(e) for e in events), "a sensitive column is never in an event"
+
+    again = sweep(accounts, declared)
+    assert (again.changed, again.unchanged, again.failed) == (0, 999, 1), "results equal to what is stored"
+
+    delta = sweep(accounts, declared, "delta", run_date=RUN_DATE + timedelta(days=1))
+    assert (delta.scanned, delta.changed, delta.failed) == (1, 0, 1), "only the due row (the failed one) is read"
+    later = sweep(accounts, declared, "delta", run_date=RUN_DATE + timedelta(days=30))
+    assert later.scanned == 1000 and later.changed == 999
+
+
+def test_ranges_of_a_full_run_cover_every_row_once(accounts: sa.Engine, example_functions: Path) -> None:
+    from batch_assets.engine.ranges import plan_ranges
+
+    declared = component()
+    with accounts.connect() as conn:
+        ranges = plan_ranges(conn, table="accounts", schema="public", key="id", kind="uuid", count=4,
+                             where="status = 'OPEN'")
+    results = [sweep(accounts, declared, cursor_range=r) for r in ranges]
+    assert len(ranges) == 4 and sum(r.scanned for r in results) == 1000
+    assert sum(r.changed for r in results) == 999
+
+
+def test_another_connection_edits_rows_while_the_sweep_runs(accounts: sa.Engine, functions: Path) -> None:
+    """The function itself edits its row (points, then status) from another connection before returning: the
+    write must not apply (conflict, counted, row left due) and must not write its event."""
+    url = accounts.url.render_as_string(hide_password=False)
+    with accounts.connect() as conn:
+        victims = [str(v) for v in conn.execute(sa.text(
+            "SELECT id FROM accounts WHERE status = 'OPEN' AND points IS NOT NULL ORDER BY id LIMIT 2")).scalars()]
+    write_module(functions, "meddling", f"""
+        import sqlalchemy as sa
+        _engine = sa.create_engine({url!r}, poolclass=sa.pool.NullPool)
+        EDITS = {{{victims[0]!r}: "UPDATE accounts SET points = points + 1 WHERE id = :id",
+                  {victims[1]!r}: "UPDATE accounts SET status = 'CLOSED' WHERE id = :id"}}
+
+        def compute(row, run_date):
+            edit = EDITS.get(str(row["id"]))
+            if edit:
+                with _engine.begin() as conn:
+                    conn.execute(sa.text(edit), {{"id": row["id"]}})
+            return {{"tier": "BRONZE", "tier_review_on": run_date}}
+    """)
+    result = sweep(accounts, component(compute="meddling:compute"))
+    assert result.status == "SUCCESS"
+    assert result.conflicts == 2 and result.changed == 998 + 0, result
+    for victim in rows(accounts, f"id IN ('{victims[0]}', '{victims[1]}')"):
+        assert victim.tier is None and victim.tier_review_on is None, "an edited row is left as the writer left it"
+    with accounts.connect() as conn:
+        keys = set(conn.execute(sa.text("SELECT payload->>'key' FROM outbox_events")).scalars())
+    assert not keys & set(victims), "no event for a row that was not written"
+
+
+def test_hostile_functions(accounts: sa.Engine, functions: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write_module(functions, "hostile", """
+        from batch_assets import RowFailure
+
+        def raises(row, run_date):
+            raise KeyError("secret " + str(row["points"]))
+
+        def wrong_keys(row, run_date):
+            return {"tier": "GOLD", "points": 1}
+
+        def not_a_mapping(row, run_date):
+            return ["GOLD", run_date]
+
+        def bad_kind(row, run_date):
+            raise RowFailure("Not A Word!")
+
+        def some_fail(row, run_date):
+            if row["points"] is not None and row["points"] % 2:
+                raise RowFailure("odd_points")
+            return {"tier": "X", "tier_review_on": run_date}
+    """)
+    caplog.set_level(logging.DEBUG, logger="batch_assets")
+    for name in ("raises", "wrong_keys", "not_a_mapping", "bad_kind"):
+        result = sweep(accounts, component(compute=f"hostile:{name}"), breaker_min_rows=10_000_000)
+        assert result.failed_by_type.get("compute_error") == 1000, (name, result.failed_by_type)
+        assert result.changed == 0 and result.status == "SUCCESS"
+    tripped = sweep(accounts, component(compute="hostile:raises"))
+    assert tripped.status == "FAILURE" and "breaker" in (tripped.stopped_reason or ""), "compute_error is systemic"
+
+    data = sweep(accounts, component(compute="hostile:some_fail"))
+    assert data.status == "SUCCESS", "RowFailure is the row's own data: it never trips the breaker"
+    odd = len([r for r in rows(accounts, "status = 'OPEN' AND points IS NOT NULL") if r.points % 2])
+    assert data.failed_by_type["odd_points"] == odd > 100 and data.changed == 1000 - odd
+    assert all(r.tier is None for r in rows(accounts, "status = 'OPEN' AND mod(points, 2) = 1"))
+    shown = caplog.text
+    assert "compute raised KeyError" in shown, "the failure is logged by its type and row key"
+    assert "secret" not in shown, \
+        "no value of a sensitive column (nor an exception's text, which may hold one) is logged"
+
+
+def test_integer_and_bigint_keys_and_a_sensitive_due(engine: sa.Engine, functions: Path) -> None:
+    write_module(functions, "scores", """
+        def compute(row, run_date):
+            return {"score": row["raw"] * 2, "next_on": run_date}
+    """)
+    for kind in ("integer", "bigint"):
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE IF EXISTS scored"))
+            conn.execute(sa.text(f"CREATE TABLE scored (id {kind} PRIMARY KEY, raw int, score int, next_on date)"))
+            conn.execute(sa.text("INSERT INTO scored (id, raw) SELECT g * 7, g FROM generate_series(1, 500) AS g"))
+        declared = SweepComponent.from_attributes_dict(attributes={
+            "name": "scores", "table": "public.scored", "key": "id", "columns": ["id", "raw", "score", "next_on"],
+            "due": "next_on", "compute": "scores:compute", "writes": ["score", "next_on"],
+            "sensitive": ["next_on"], "event": "score_changed"})
+        delta = sweep(engine, declared, "delta")
+        assert (delta.scanned, delta.changed) == (500, 500), kind
+        assert delta.last_cursor == {"after_key": 3500}, "a sensitive due date is never a cursor"
+        full = sweep(engine, declared, "full", run_date=RUN_DATE + timedelta(days=1))
+        assert full.changed == 500 and full.last_cursor == 3500
+        with engine.connect() as conn:
+            payloads = list(conn.execute(sa.text("SELECT aggregate_id, payload FROM outbox_events "
+                                                 "WHERE event_type = 'score_changed'")))
+            assert conn.execute(sa.text("SELECT count(*) FROM scored WHERE score = raw * 2")).scalar_one() == 500
+            conn.execute(sa.text("DELETE FROM outbox_events"))
+            conn.commit()
+        assert len(payloads) == 1000 and all(isinstance(p.aggregate_id, uuid.UUID) for p in payloads)
+        assert all("next_on" not in p.payload["new"] for p in payloads) and payloads[0].payload["new"]["score"]
