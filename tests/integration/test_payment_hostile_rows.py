@@ -17,6 +17,7 @@ from helpers import wait_for
 from batch_assets.domains.payments import queue, sql
 from batch_assets.domains.payments.handler import PluginHandler
 from batch_assets.domains.payments.queue import QueueSettings
+from batch_assets.domains.payments.store import PAYMENTS
 from batch_assets.domains.payments.worker import CLOSED, run_worker
 
 pytestmark = pytest.mark.integration
@@ -79,7 +80,7 @@ def test_a_processing_row_without_a_lease_is_due_stuck_and_claimed(engine: sa.En
     with engine.connect() as conn:
         assert conn.exec_driver_sql(sql.NEXT_DUE_IN).scalar_one() <= 0
         assert conn.execute(sql.STUCK_PAYMENTS_SQL).one()[0] == 1
-    [claim] = queue.claim(engine, 10, lease_s=60)
+    [claim] = PAYMENTS.claim(engine, 10, lease_s=60)
     assert (claim.id, claim.attempts, claim.lapsed) == (orphan, 1, False)
     assert queue.queue_stats(engine)["stuck_processing"] == 0
 

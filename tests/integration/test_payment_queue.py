@@ -14,7 +14,9 @@ from batch_assets.domains.payments import queue
 from batch_assets.domains.payments.handler import Outcome, OutcomeKind, SimulatedHandler
 from batch_assets.domains.payments.queue import Claim, QueueSettings
 from batch_assets.domains.payments.seed import seed_payments
+from batch_assets.domains.payments.store import PAYMENTS
 from batch_assets.domains.payments.worker import run_worker
+from batch_assets.domains.queue.claims import Result, planned_result
 from batch_assets.errors import ConfigError
 
 pytestmark = pytest.mark.integration
@@ -40,6 +42,18 @@ def _expire_leases(engine: sa.Engine) -> None:
         conn.execute(
             sa.text("UPDATE payments SET claimed_until = now() - interval '1 second' WHERE status = 'PROCESSING'")
         )
+
+
+def _complete(engine: sa.Engine, claim: Claim) -> bool:
+    """DONE through the store's fenced result statement; False when the claim was lost."""
+    return len(PAYMENTS.write_results(engine, [Result(claim, "DONE")])) == 1
+
+
+def _retry_or_fail(engine: sa.Engine, claim: Claim, error: str, settings: QueueSettings, permanent: bool) -> str | None:
+    """What the worker writes after a failed call (NEW after the backoff, or FAILED); None when the claim was lost."""
+    planned = planned_result(claim, settings, permanent)
+    written = PAYMENTS.write_results(engine, [Result(claim, planned.status, delay_s=planned.delay_s, error=error)])
+    return planned.status if written else None
 
 
 class ScriptedHandler:
@@ -69,9 +83,13 @@ def test_settings_zero_means_default_and_invalid_values_name_the_field() -> None
     with pytest.raises(ConfigError) as info:
         QueueSettings.build(batch_size=2.5)
     assert info.value.field == "batch_size"
-    with pytest.raises(ConfigError) as info:
-        QueueSettings.build(claim_lease_s=5, http_timeout_s=10)
-    assert info.value.field == "claim_lease_s"
+    # The lease is renewed while the claim is held, so it may be shorter than a call, not shorter than 1 s.
+    assert QueueSettings.build(claim_lease_s=5, http_timeout_s=10).claim_lease_s == 5
+    for field, bad in (("claim_lease_s", 0.5), ("backoff_jitter", 1.5), ("rate_limit_per_s", -1),
+                       ("max_in_flight", 2.5)):
+        with pytest.raises(ConfigError) as info:
+            QueueSettings.build(**{field: bad})
+        assert info.value.field == field
     with pytest.raises(ConfigError) as info:
         QueueSettings.build(bogus=1)
     assert info.value.field == "bogus"
@@ -108,7 +126,7 @@ def test_claim_sets_processing_attempts_and_lease(engine: sa.Engine) -> None:
                 "WHERE id = (SELECT id FROM payments ORDER BY id LIMIT 1)"
             )
         )
-    claims = queue.claim(engine, 10, lease_s=30)
+    claims = PAYMENTS.claim(engine, 10, lease_s=30)
     assert len(claims) == 4
     assert all(c.attempts == 1 for c in claims)
     assert len({c.token for c in claims}) == 1
@@ -121,7 +139,7 @@ def test_claim_sets_processing_attempts_and_lease(engine: sa.Engine) -> None:
         ).all()
     assert len(rows) == 4
     assert all(r.claim_token == claims[0].token and 25 < r.left.total_seconds() <= 30 for r in rows)
-    assert queue.claim(engine, 10, lease_s=30) == []  # nothing else is due
+    assert PAYMENTS.claim(engine, 10, lease_s=30) == []  # nothing else is due
 
 
 def test_concurrent_claimers_never_get_the_same_row(engine: sa.Engine) -> None:
@@ -135,7 +153,7 @@ def test_concurrent_claimers_never_get_the_same_row(engine: sa.Engine) -> None:
     def claimer(i: int) -> None:
         try:
             barrier.wait(timeout=10)
-            while batch := queue.claim(engine, 7, lease_s=60):
+            while batch := PAYMENTS.claim(engine, 7, lease_s=60):
                 got[i].extend(batch)
         except BaseException as exc:  # reported below
             errors.append(exc)
@@ -156,16 +174,16 @@ def test_expired_claim_is_reclaimed_and_the_old_owner_is_fenced(engine: sa.Engin
     """After the lease passes another worker re-claims the row; the old worker's writes match nothing."""
     queue.enqueue(engine, 1, seed=3)
     settings = QueueSettings.build(max_attempts=5)
-    [old] = queue.claim(engine, 1, lease_s=60)
-    assert queue.claim(engine, 1, lease_s=60) == []  # the lease still holds
+    [old] = PAYMENTS.claim(engine, 1, lease_s=60)
+    assert PAYMENTS.claim(engine, 1, lease_s=60) == []  # the lease still holds
     _expire_leases(engine)
-    [new] = queue.claim(engine, 1, lease_s=60)
+    [new] = PAYMENTS.claim(engine, 1, lease_s=60)
     assert new.id == old.id and new.attempts == 2 and new.token != old.token
-    assert queue.complete(engine, old) is False
-    assert queue.retry_or_fail(engine, old, "late failure", settings, permanent=True) is None
+    assert _complete(engine, old) is False
+    assert _retry_or_fail(engine, old, "late failure", settings, permanent=True) is None
     assert _row(engine, new.id).status == "PROCESSING"
-    assert queue.complete(engine, new) is True
-    assert queue.complete(engine, new) is False  # DONE at most once
+    assert _complete(engine, new) is True
+    assert _complete(engine, new) is False  # DONE at most once
     row = _row(engine, new.id)
     assert (row.status, row.attempts) == ("DONE", 2)
     assert row.processed_at is not None
@@ -179,7 +197,7 @@ def test_worker_counts_a_lost_claim(engine: sa.Engine) -> None:
 
     def steal_then_fail(claim: Claim) -> Outcome:
         _expire_leases(engine)
-        taken.extend(queue.claim(engine, 1, lease_s=60))
+        taken.extend(PAYMENTS.claim(engine, 1, lease_s=60))
         return Outcome.permanent("http_400", "limits service answered HTTP 400")
 
     result = run_worker(engine, settings, handler=ScriptedHandler(steal_then_fail))
@@ -193,19 +211,20 @@ def test_retry_backoff_then_failed_at_max_attempts(engine: sa.Engine) -> None:
     queue.enqueue(engine, 1, seed=5)
     settings = QueueSettings.build(max_attempts=3, backoff_base_s=100, backoff_max_s=1000)
     for attempt, expected_delay in ((1, 100), (2, 200)):
-        [c] = queue.claim(engine, 1, lease_s=60)
+        [c] = PAYMENTS.claim(engine, 1, lease_s=60)
         assert c.attempts == attempt
-        assert queue.retry_or_fail(engine, c, f"HTTP 503 #{attempt}", settings, permanent=False) == "NEW"
+        assert _retry_or_fail(engine, c, f"HTTP 503 #{attempt}", settings, permanent=False) == "NEW"
         with engine.connect() as conn:
             row = conn.execute(
                 sa.text("SELECT status, last_error, next_attempt_at - now() AS wait, claim_token FROM payments")
             ).one()
         assert row.status == "NEW" and row.last_error == f"HTTP 503 #{attempt}" and row.claim_token is None
-        assert expected_delay - 5 < row.wait.total_seconds() <= expected_delay
-        assert queue.claim(engine, 1, lease_s=60) == []  # not due during the backoff
+        # The backoff of this attempt, spread by the default jitter (±10%).
+        assert expected_delay * 0.9 - 5 < row.wait.total_seconds() <= expected_delay * 1.1
+        assert PAYMENTS.claim(engine, 1, lease_s=60) == []  # not due during the backoff
         _make_due(engine)
-    [c] = queue.claim(engine, 1, lease_s=60)
-    assert queue.retry_or_fail(engine, c, "HTTP 503 #3", settings, permanent=False) == "FAILED"
+    [c] = PAYMENTS.claim(engine, 1, lease_s=60)
+    assert _retry_or_fail(engine, c, "HTTP 503 #3", settings, permanent=False) == "FAILED"
     row = _row(engine, c.id)
     assert (row.status, row.attempts, row.last_error) == ("FAILED", 3, "HTTP 503 #3")
 
@@ -213,8 +232,8 @@ def test_retry_backoff_then_failed_at_max_attempts(engine: sa.Engine) -> None:
 def test_permanent_failure_is_failed_at_once(engine: sa.Engine) -> None:
     """A permanent outcome fails the payment on its first attempt."""
     queue.enqueue(engine, 1, seed=6)
-    [c] = queue.claim(engine, 1, lease_s=60)
-    assert queue.retry_or_fail(engine, c, "HTTP 422", QueueSettings(), permanent=True) == "FAILED"
+    [c] = PAYMENTS.claim(engine, 1, lease_s=60)
+    assert _retry_or_fail(engine, c, "HTTP 422", QueueSettings(), permanent=True) == "FAILED"
     row = _row(engine, c.id)
     assert (row.status, row.attempts, row.last_error) == ("FAILED", 1, "HTTP 422")
 
@@ -222,10 +241,10 @@ def test_permanent_failure_is_failed_at_once(engine: sa.Engine) -> None:
 def test_dlq_list_and_replay(engine: sa.Engine) -> None:
     """dlq_list shows FAILED rows; replay by id moves them to NEW (attempts 0, due, last_error kept), reports others."""
     queue.enqueue(engine, 4, seed=8)
-    claims = queue.claim(engine, 4, lease_s=60)
+    claims = PAYMENTS.claim(engine, 4, lease_s=60)
     for c in claims[:3]:
-        queue.retry_or_fail(engine, c, f"rejected {c.id}", QueueSettings(), permanent=True)
-    queue.complete(engine, claims[3])
+        _retry_or_fail(engine, c, f"rejected {c.id}", QueueSettings(), permanent=True)
+    _complete(engine, claims[3])
     listed = queue.dlq_list(engine)
     assert sorted(d["id"] for d in listed) == sorted(c.id for c in claims[:3])
     assert {d["last_error"] for d in listed} == {f"rejected {c.id}" for c in claims[:3]}
@@ -243,7 +262,7 @@ def test_dlq_list_and_replay(engine: sa.Engine) -> None:
 
     assert queue.dlq_replay(engine, None) == 2
     assert queue.dlq_list(engine) == []
-    assert len(queue.claim(engine, 10, lease_s=60)) == 3
+    assert len(PAYMENTS.claim(engine, 10, lease_s=60)) == 3
     with pytest.raises(ConfigError):
         queue.dlq_replay(engine, ["not-a-uuid"])
 
@@ -251,8 +270,8 @@ def test_dlq_list_and_replay(engine: sa.Engine) -> None:
 def test_queue_stats_counts_by_status_and_stuck(engine: sa.Engine) -> None:
     """queue_stats reports every status, due rows, and PROCESSING rows past their lease."""
     queue.enqueue(engine, 5, seed=9)
-    claims = queue.claim(engine, 3, lease_s=60)
-    queue.complete(engine, claims[0])
+    claims = PAYMENTS.claim(engine, 3, lease_s=60)
+    _complete(engine, claims[0])
     with engine.begin() as conn:
         conn.execute(
             sa.text("UPDATE payments SET claimed_until = now() - interval '1 minute' WHERE id = :id"),
@@ -272,7 +291,7 @@ def test_claim_uses_both_partial_indexes(engine: sa.Engine) -> None:
         conn.execute(sa.text("ANALYZE payments"))
         conn.execute(sa.text("SET LOCAL enable_seqscan = off"))
         plan = conn.exec_driver_sql(
-            "EXPLAIN (FORMAT JSON) " + queue.sql.CLAIM,
+            "EXPLAIN (FORMAT JSON) " + PAYMENTS.sql.claim,
             {"n": 10, "lease_s": 60.0, "token": uuid.uuid4()},
         ).scalar_one()
     text = str(plan)
@@ -363,7 +382,7 @@ def test_reclaimed_past_max_attempts_is_failed_without_a_call(engine: sa.Engine)
     """A row whose lease lapsed repeatedly beyond max_attempts is FAILED without calling the handler again."""
     queue.enqueue(engine, 1, seed=14)
     for _ in range(3):  # three claims of ours, each lost with its worker
-        assert len(queue.claim(engine, 1, lease_s=60)) == 1
+        assert len(PAYMENTS.claim(engine, 1, lease_s=60)) == 1
         _expire_leases(engine)
     handler = ScriptedHandler(lambda c: Outcome.done())
     result = run_worker(engine, QueueSettings.build(max_attempts=3), handler=handler)
@@ -391,8 +410,8 @@ def test_simulated_handler_is_deterministic_per_seed() -> None:
     ids = [uuid.UUID(int=i, version=4) for i in range(1, 2001)]
     a = SimulatedHandler(seed=1, failure_rate=0.2, permanent_rate=0.05)
     b = SimulatedHandler(seed=1, failure_rate=0.2, permanent_rate=0.05)
-    outcomes = [a.handle(Claim(i, 100, 1, uuid.uuid4())).kind for i in ids]
-    assert outcomes == [b.handle(Claim(i, 100, 1, uuid.uuid4())).kind for i in ids]
+    outcomes = [a.handle(Claim(i, 1, uuid.uuid4(), values={"amount_cents": 100})).kind for i in ids]
+    assert outcomes == [b.handle(Claim(i, 1, uuid.uuid4(), values={"amount_cents": 100})).kind for i in ids]
     counts = {k: outcomes.count(k) for k in set(outcomes)}
     assert 40 < counts[OutcomeKind.PERMANENT] < 170 and 250 < counts[OutcomeKind.RETRY] < 550
     with pytest.raises(ConfigError):

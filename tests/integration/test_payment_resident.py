@@ -28,7 +28,8 @@ from helpers import LimitsStub, kill_session, wait_for
 from batch_assets.db.engine import is_transient
 from batch_assets.domains.payments import queue, sql
 from batch_assets.domains.payments.handler import HttpLimitsHandler, PluginHandler, load_plugin
-from batch_assets.domains.payments.queue import QueueSettings
+from batch_assets.domains.payments.queue import QueueSettings, Result
+from batch_assets.domains.payments.store import PAYMENTS
 from batch_assets.domains.payments.worker import CLOSED, HALF_OPEN, OPEN, AdaptiveBatch, Breaker, run_worker
 from batch_assets.errors import ConfigError
 
@@ -124,7 +125,7 @@ class WorkerProcess:
 def test_adaptive_batch_grows_shrinks_and_stays_within_bounds(caplog: pytest.LogCaptureFixture) -> None:
     """Full claims that handlers keep up with double the batch (≤ max); short claims or waiting rows shrink it (≥ 1)."""
     batch = AdaptiveBatch(10, 1000)
-    with caplog.at_level("DEBUG", logger="batch_assets.domains.payments.worker"):
+    with caplog.at_level("DEBUG", logger="batch_assets.domains.queue.batch"):
         sizes = [batch.after_claim(batch.size, batch.size, waiting=0, oldest_wait_s=0.0) for _ in range(10)]
     assert sizes[:3] == [20, 40, 80] and sizes[-1] == 1000
     assert any("claim batch 10 -> 20" in r.getMessage() for r in caplog.records)
@@ -176,9 +177,9 @@ def test_aging_claims_an_old_low_priority_payment_before_fresh_high_priority_one
                 "VALUES (gen_random_uuid(), 1, now() - interval '3 hours') RETURNING id"
             )
         ).scalar_one()
-    [first] = queue.claim(engine, 1, lease_s=60)
+    [first] = PAYMENTS.claim(engine, 1, lease_s=60)
     assert first.id == old
-    batch = queue.claim(engine, 20, lease_s=60)
+    batch = PAYMENTS.claim(engine, 20, lease_s=60)
     with engine.connect() as conn:
         priorities = conn.execute(
             sa.text("SELECT priority FROM payments WHERE id = ANY(:ids)"), {"ids": [c.id for c in batch]}
@@ -260,8 +261,8 @@ def test_no_notification_for_rows_due_later_or_claims(engine: sa.Engine, db_url:
             conn.execute(sa.text("INSERT INTO payments (id, amount_cents, next_attempt_at) "
                                  "VALUES (gen_random_uuid(), 5, now() + interval '1 hour')"))
         queue.enqueue(engine, 1, seed=34)  # one notification
-        [claim] = queue.claim(engine, 5, lease_s=60)  # none
-        assert queue.release(engine, claim)  # due again now: one notification
+        [claim] = PAYMENTS.claim(engine, 5, lease_s=60)  # none
+        assert PAYMENTS.write_results(engine, [Result(claim, "NEW", undo=1)])  # given back, due now: one notification
         payloads = _notifications_until_marker(listener, db_url)
     assert payloads == ["", "", "marker"]
 

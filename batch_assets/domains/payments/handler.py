@@ -10,89 +10,68 @@ only: never the URL (it may hold credentials), request or response bodies.
 from __future__ import annotations
 
 import asyncio
-import enum
 import hashlib
-import importlib
-import inspect
 import json
 import math
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
 
-from batch_assets.domains.payments.errors import PermanentFailure
 from batch_assets.domains.payments.http11 import HttpError, PostClient
-from batch_assets.domains.payments.queue import Claim, clip
+from batch_assets.domains.queue.claims import Claim
+from batch_assets.domains.queue.handler import (  # noqa: F401  (the payments' handlers are queue handlers)
+    AsyncHandler,
+    Handler,
+    KwargsHandler,
+    LoopResource,
+    Outcome,
+    OutcomeKind,
+    SyncHandler,
+    load_function,
+)
 from batch_assets.errors import ConfigError
 
 PAYMENT_HANDLER_VAR = "BATCH_ASSETS_PAYMENT_HANDLER"
 """`module:function` of a user's own handler (CONTRACT §7); unset = the default handler."""
 
 
-class OutcomeKind(enum.Enum):
-    DONE = "DONE"
-    RETRY = "RETRY"
-    PERMANENT = "PERMANENT"
+RETRY_AFTER_STATUSES = (429, 503)
+"""The answers whose `Retry-After` header sets the delay of the retry (RFC 9110 §10.2.3)."""
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What happened to one payment: DONE, RETRY (transient) or PERMANENT, with a safe error text and type."""
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds a `Retry-After` value asks to wait: delay-seconds or an HTTP-date; None when absent or unreadable.
 
-    kind: OutcomeKind
-    error: str | None = None
-    error_type: str | None = None
-
-    @classmethod
-    def done(cls) -> Outcome:
-        return cls(OutcomeKind.DONE)
-
-    @classmethod
-    def retry(cls, error_type: str, error: str) -> Outcome:
-        return cls(OutcomeKind.RETRY, error, error_type)
-
-    @classmethod
-    def permanent(cls, error_type: str, error: str) -> Outcome:
-        return cls(OutcomeKind.PERMANENT, error, error_type)
+    An HTTP-date in the past means now (0). The queue's retry policy clamps the result to its `max_s`.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return float(int(text[:12]))  # up to 12 digits: any sane delay, no huge int from a hostile header
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; an obsolete form without a zone is taken as such
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
 
 
-class Handler(Protocol):
-    """What the worker calls. `handle_async` (preferred, `AsyncHandler`) or `handle` (run on a thread
-    pool, `SyncHandler`); `open` / `aclose` (optional coroutines, `LoopResource`) run on the worker's
-    event loop around each run."""
-
-    def close(self) -> None: ...
-
-
-# The worker tells these apart once per run (isinstance on a runtime-checkable protocol only looks
-# for the methods), never per payment.
-@runtime_checkable
-class AsyncHandler(Protocol):
-    async def handle_async(self, claim: Claim) -> Outcome: ...
-
-
-@runtime_checkable
-class SyncHandler(Protocol):
-    def handle(self, claim: Claim) -> Outcome: ...
-
-
-@runtime_checkable
-class LoopResource(Protocol):
-    async def open(self) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
-def classify_status(status_code: int) -> Outcome:
-    """2xx → DONE; 408, 429 and 5xx → RETRY; any other 4xx → PERMANENT; anything else → RETRY."""
+def classify_status(status_code: int, retry_after: str | None = None) -> Outcome:
+    """2xx → DONE; 408, 429 and 5xx → RETRY (after Retry-After on 429 and 503); any other 4xx → PERMANENT;
+    anything else → RETRY."""
     error = f"limits service answered HTTP {status_code}"
     if 200 <= status_code < 300:
         return Outcome.done()
     if status_code in (408, 429) or 500 <= status_code < 600:
-        return Outcome.retry(f"http_{status_code}", error)
+        delay_s = parse_retry_after(retry_after) if status_code in RETRY_AFTER_STATUSES else None
+        if delay_s is not None:
+            error = f"{error}, Retry-After {delay_s:g}s"
+        return Outcome.retry(f"http_{status_code}", error, delay_s)
     if 400 <= status_code < 500:
         return Outcome.permanent(f"http_{status_code}", error)
     # 1xx/3xx: a misconfigured endpoint, not a verdict on the payment — retry, never drop money.
@@ -129,14 +108,14 @@ class HttpLimitsHandler:
         """One POST for `claim`; the Idempotency-Key makes a repeated call (lost claim, retry) safe."""
         if self._client is None:
             raise RuntimeError("HttpLimitsHandler.open() was not awaited")
-        body = json.dumps({"payment_id": str(claim.id), "amount_cents": int(claim.amount_cents)}).encode()
+        body = json.dumps({"payment_id": str(claim.id), "amount_cents": int(claim.values["amount_cents"])}).encode()
         try:
-            status = await self._client.post(body, {"Idempotency-Key": str(claim.id)})
+            answer = await self._client.post_answer(body, {"Idempotency-Key": str(claim.id)})
         except HttpError as exc:
             if exc.kind == "timeout":
                 return Outcome.retry("timeout", f"limits call timed out after {self.timeout_s:g}s")
             return Outcome.retry(exc.kind, str(exc))
-        return classify_status(status)
+        return classify_status(answer.status, answer.retry_after)
 
     def close(self) -> None:
         return None
@@ -148,71 +127,29 @@ class HttpLimitsHandler:
         self.close()
 
 
-class PluginHandler:
+def payment_arguments(claim: Claim) -> dict[str, Any]:
+    """The keyword arguments of a payment plug-in: `payment_id` (the id as text, as in the HTTP body),
+    `amount_cents` and `attempts` (CONTRACT §7)."""
+    return {"payment_id": str(claim.id), "amount_cents": int(claim.values["amount_cents"]),
+            "attempts": int(claim.attempts)}
+
+
+class PluginHandler(KwargsHandler):
     """A user's function `f(*, payment_id, amount_cents, attempts)` as a handler (CONTRACT §7).
 
-    Returning means DONE; `batch_assets.PermanentFailure` means FAILED at once; any other
+    Returning means DONE; `batch_assets.PermanentFailure` means FAILED at once;
+    `batch_assets.RetryAfter(seconds)` is transient, tried again after `seconds`; any other
     exception is transient (retry with backoff). An `async def` runs on the worker's event
-    loop; a plain function runs on a thread pool of `concurrency` threads. `payment_id` is the
-    id as text, as in the HTTP body.
+    loop; a plain function runs on a thread pool of `concurrency` threads.
     """
 
     def __init__(self, function: Callable[..., Any], *, concurrency: int = 8, name: str = "") -> None:
-        self.function = function
-        self.name = name or getattr(function, "__qualname__", "handler")
-        self.is_async = inspect.iscoroutinefunction(function)
-        self.concurrency = max(int(concurrency), 1)
-        self._pool: ThreadPoolExecutor | None = None
-
-    async def open(self) -> None:
-        if not self.is_async:
-            self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="payment-handler")
-
-    async def aclose(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-    async def handle_async(self, claim: Claim) -> Outcome:
-        kwargs = {"payment_id": str(claim.id), "amount_cents": int(claim.amount_cents), "attempts": int(claim.attempts)}
-        try:
-            if self.is_async:
-                await self.function(**kwargs)
-            else:
-                call = lambda: self.function(**kwargs)  # noqa: E731
-                await asyncio.get_running_loop().run_in_executor(self._pool, call)
-        except PermanentFailure as exc:
-            return Outcome.permanent("permanent_failure", _describe(exc))
-        except Exception as exc:  # transient by contract; the text is the handler's own
-            return Outcome.retry(f"handler_{type(exc).__name__}", _describe(exc))
-        return Outcome.done()
-
-    def close(self) -> None:
-        return None
-
-
-def _describe(exc: BaseException) -> str:
-    """`Type: message`, one line clipped to queue.ERROR_MAX_BYTES (a handler may raise any size of text)."""
-    text = clip(exc)
-    return clip(f"{type(exc).__name__}: {text}") if text else type(exc).__name__
+        super().__init__(function, concurrency=concurrency, name=name, arguments=payment_arguments)
 
 
 def load_plugin(spec: str, *, concurrency: int = 8) -> PluginHandler:
     """`module:function` → PluginHandler; anything not importable or not callable is a ConfigError (exit 2)."""
-    module_name, sep, attr = spec.strip().partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"must be module:function, got {spec!r}", field=PAYMENT_HANDLER_VAR)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or the module itself failed while importing
-        raise ConfigError(f"cannot import {module_name!r} ({type(exc).__name__})", field=PAYMENT_HANDLER_VAR) from None
-    function: Any = module
-    for part in attr.split("."):
-        function = getattr(function, part, None)
-        if function is None:
-            raise ConfigError(f"{module_name!r} has no {attr!r}", field=PAYMENT_HANDLER_VAR)
-    if not callable(function):
-        raise ConfigError(f"{spec!r} is not callable", field=PAYMENT_HANDLER_VAR)
+    function = load_function(spec, field=PAYMENT_HANDLER_VAR)
     return PluginHandler(function, concurrency=concurrency, name=spec.strip())
 
 

@@ -1,0 +1,14 @@
+"""A PostgreSQL task queue over any table holding the queue columns (CONTRACT §7, §10), in parts.
+
+The parts, as River (producer, executor, completer, notifier) and pgqueuer split theirs:
+
+- `spec.QueueSpec`: which table, key, columns and priority make the queue;
+- `store.QueueStore`: every statement of one queue (claims, results, stats, DLQ, install DDL), for the
+  worker and for tests alike (`statements` generates their text from the spec);
+- `worker`: the claim loop with its adaptive batch (`batch`), around
+- `executor` (the lanes that call the handler), `completer` (the result buffer, one fenced
+  `UPDATE … unnest` per flush), `notifier` (LISTEN and reconnect), `connection` (the claim/flush
+  connection and its reconnects) and `breaker` (the outage breaker).
+
+The payment queue (`domains/payments`) is one instance; `batch_assets.TableQueueComponent` declares others.
+"""
