@@ -35,6 +35,28 @@ def config_failure(exc: ConfigError) -> dg.Failure:
     )
 
 
+C = TypeVar("C", bound=JobConfig)
+
+
+def config_schema_of(config_class: type[JobConfig]) -> Any:
+    """The op's `config_schema` for a JobConfig: Dagster checks the field types and Enums against it before the run
+    starts (launchpad, GraphQL, `validate_run_config`); the op builds the config itself with `config_of`."""
+    return config_class.to_config_schema()
+
+
+def config_of(config_class: type[C], context: dg.OpExecutionContext) -> C:
+    """The run's config from the op's raw config, checked like the CLI's (`from_values`): a value Dagster's schema
+    lets through (`batch_size: 100000000`, `run_date: "tomorrow"`) fails the run with one line naming the field
+    (`config_failure`, which the failure alert quotes), not a pydantic ValidationError and its stack trace.
+
+    The first op of every job declares `config_schema=config_schema_of(X)` and calls this, instead of a
+    `config: X` parameter (Dagster builds that one itself and a bound error escapes as a stack trace)."""
+    try:
+        return config_class.from_values(dict(context.op_config or {}))
+    except ConfigError as exc:
+        raise config_failure(exc) from None
+
+
 def validated_plan(config: JobConfig, *checks: Callable[[], object]) -> Any:
     """`config.to_settings()` plus any extra checks; a ConfigError becomes `config_failure`.
 
@@ -189,6 +211,8 @@ __all__ = [
     "SKIPPED",
     "SUCCESS",
     "config_failure",
+    "config_of",
+    "config_schema_of",
     "empty_summary",
     "finish",
     "record_skipped",

@@ -243,6 +243,36 @@ def test_a_config_mistake_fails_at_plan_in_one_line_and_the_alert_gives_that_lin
     assert f"plan_sweep: {description}" in alert["text"] and "Steps failed" not in alert["text"]
 
 
+@pytest.mark.parametrize(("job", "op", "field", "value"), [
+    ("subscription_expiry_job", "expire_subscriptions", "batch_size", 100_000_000),
+    ("subscription_expiry_job", "expire_subscriptions", "run_date", "tomorrow"),
+    ("payment_queue_drain_job", "drain_payment_queue", "concurrency", 100_000),
+    ("outbox_relay_job", "relay_outbox_events", "batch_size", 100_000_000),
+    ("outbox_relay_job", "relay_outbox_events", "claim_lease_s", 10 ** 9),
+])
+def test_a_config_mistake_of_expiry_drain_or_relay_fails_in_one_line_and_the_alert_gives_it(
+    dagster_env: Settings, engine: sa.Engine, webhook: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch,
+    job: str, op: str, field: str, value: object,
+) -> None:
+    """The first op of each job checks its config like plan_sweep: one line naming the field, no pydantic trace,
+    and the failure alert quotes that line (not "Steps failed")."""
+    url, received = webhook
+    monkeypatch.setenv("BATCH_ASSETS_ALERT_WEBHOOK", url)
+    with dg.instance_for_test() as instance:
+        failed = get_job(job).execute_in_process(
+            run_config={"ops": {op: {"config": {field: value}}}}, instance=instance, raise_on_error=False,
+        )
+        [failure] = failed.get_step_failure_events()
+        user = failure.step_failure_data.user_failure_data
+        assert user is not None, failure.step_failure_data.error
+        description = user.description
+        assert description.startswith(f"invalid configuration: {field}: ") and "\n" not in description
+        assert "ValidationError" not in description and "pydantic" not in description
+        _alert_on(instance, failed)
+    [alert] = received
+    assert f"{op}: {description}" in alert["text"] and "Steps failed" not in alert["text"]
+
+
 def test_the_launchpad_refuses_an_unknown_mode_before_the_run() -> None:
     """The mode is a config Enum: Dagster's own config check (what the launchpad runs) refuses 'fulll'."""
     job = defs.resolve_job_def("customer_status_asset_job")

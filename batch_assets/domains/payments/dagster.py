@@ -23,6 +23,8 @@ from batch_assets.orchestration.config import JobConfig, count_field, seconds_fi
 from batch_assets.orchestration.metadata import counts_table, observable_table
 from batch_assets.orchestration.ops import (
     config_failure,
+    config_of,
+    config_schema_of,
     finish,
     run_in_thread,
     stop_on_interrupt,
@@ -83,16 +85,15 @@ class QueueDrainConfig(JobConfig):
 # --- op and job ----------------------------------------------------------------------------
 
 
-@dg.op(tags={"kind": "queue"})
+@dg.op(tags={"kind": "queue"}, config_schema=config_schema_of(QueueDrainConfig))
 def drain_payment_queue(
     context: dg.OpExecutionContext,
-    config: QueueDrainConfig,
     database: DatabaseResource,
 ) -> dict:
     """Process due payments: until nothing is due (drain), or resident until stopped or max_seconds."""
 
     started_at = utcnow()
-    plan = validated_plan(config)
+    plan = validated_plan(config_of(QueueDrainConfig, context))  # a bad field: one line naming it, no stack trace
     settings = load_settings()
     try:  # an unimportable BATCH_ASSETS_PAYMENT_HANDLER fails the run before anything is claimed
         handler = default_handler(

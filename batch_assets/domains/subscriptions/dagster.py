@@ -22,6 +22,8 @@ from batch_assets.orchestration.config import MAX_RETRIES, DatedConfig, count_fi
 from batch_assets.orchestration.metadata import counts_table, observable_table, run_numbers
 from batch_assets.orchestration.ops import (
     SKIPPED,
+    config_of,
+    config_schema_of,
     empty_summary,
     finish,
     resolve_run_date,
@@ -73,17 +75,16 @@ class ExpiryConfig(DatedConfig):
 # --- op and job ----------------------------------------------------------------------------
 
 
-@dg.op(tags={"kind": "expiry"})
+@dg.op(tags={"kind": "expiry"}, config_schema=config_schema_of(ExpiryConfig))
 def expire_subscriptions(
     context: dg.OpExecutionContext,
-    config: ExpiryConfig,
     database: DatabaseResource,
     job_lock: JobLockResource,
 ) -> dict:
     """Expire ACTIVE subscriptions past their expiry date (or retry FAILED ones) under the job lock."""
 
     started_at = utcnow()
-    plan = validated_plan(config)
+    plan = validated_plan(config_of(ExpiryConfig, context))  # a bad field: one line naming it, no stack trace
     run_date = resolve_run_date(plan.run_date)
     engine = database.get_engine()
     mode = "retry_failed" if plan.retry_failed else "nightly"
