@@ -9,6 +9,7 @@ other commands do it (a bad field is exit 2, naming it, before anything runs).
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -28,14 +29,46 @@ def _fields(config: type[JobConfig]) -> list[dict[str, Any]]:
     for name, info in config.model_fields.items():
         ge, le = field_bounds(info)
         bounds = {k: v for k, v in (("ge", ge), ("le", le)) if v is not None}
-        fields.append({"name": name, "type": getattr(info.annotation, "__name__", str(info.annotation)),
-                       "default": info.default, **bounds, "description": info.description or ""})
+        choices = [m.value for m in info.annotation] if isinstance(info.annotation, enum.EnumMeta) else None
+        fields.append({"name": name, "type": "str" if choices else getattr(info.annotation, "__name__",
+                                                                            str(info.annotation)),
+                       "default": getattr(info.default, "value", info.default), **bounds,
+                       **({"choices": choices} if choices else {}), "description": info.description or ""})
     return fields
 
 
-def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.registry import SPECS
+def checked_declarations(settings: Settings, job: str | None = None) -> None:
+    """ConfigError (exit 2: one line naming the file and the attribute) for a declaration that cannot work.
 
+    `jobs list` checks every declaration; `jobs run NAME` the one declaring NAME (and, when NAME is no job, any
+    broken one, since it may be the one meant). Checked against the database too: its columns, key and types."""
+    from batch_assets.components.loader import from_config_error, load_declarations
+    from batch_assets.orchestration.registry import all_specs, declared
+
+    specs, errors = declared()
+    known = {n for spec in all_specs() for n in spec.job_names}
+    for error in errors:
+        declares = getattr(error, "declares", None)
+        if job is None or declares in (None, job) or job not in known:
+            raise error
+    components = [c for c in load_declarations().components if job is None or getattr(c.component, "name", None) == job]
+    checks = [(c.path, c.component.check_database) for c in components if hasattr(c.component, "check_database")]
+    if not checks:
+        return
+    from batch_assets.db.engine import one_off_engine
+
+    with one_off_engine(settings) as engine:
+        for path, check in checks:
+            try:
+                check(engine)
+            except ConfigError as exc:
+                raise from_config_error(path, exc) from None
+
+
+def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.orchestration.registry import all_specs
+
+    checked_declarations(settings)
     jobs = [
         {
             "name": spec.name,
@@ -45,7 +78,7 @@ def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
             "config": spec.config.__name__,
             "fields": _fields(spec.config),
         }
-        for spec in SPECS
+        for spec in all_specs()
     ]
     emit({"status": "SUCCESS", "jobs": jobs})
     return EXIT_OK
@@ -75,6 +108,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 def cmd_jobs_run(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.orchestration.registry import spec_for
 
+    checked_declarations(settings, args.job)
     spec = spec_for(args.job)
     values = dict(parse_assignment(item) for item in args.set or [])
     unknown = sorted(set(values) - set(spec.config.model_fields))

@@ -251,7 +251,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
         ))]
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from batch_assets.orchestration.registry import definitions_of
+        from batch_assets.orchestration.sweep_job import definitions_of
 
         return definitions_of(self.job_specs())
 

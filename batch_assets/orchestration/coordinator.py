@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import dagster as dg
 
-from batch_assets.orchestration.registry import SPECS
+from batch_assets.orchestration.registry import all_specs
 
 
 def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -> dict[str, str]:
@@ -25,7 +25,7 @@ def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -
     """
     selected = None if asset_selection is None else set(asset_selection)
     owed: dict[str, str] = {}
-    for spec in SPECS:
+    for spec in all_specs():
         if job_name in spec.job_names:
             return {}
         keys = {key for asset in spec.assets if isinstance(asset, dg.AssetsDefinition) and asset.is_materializable

@@ -29,6 +29,7 @@ from batch_assets.errors import BatchAssetsError, ConfigError, error_text
 from batch_assets.orchestration.automation import schedule_status, sensor_status
 from batch_assets.orchestration.metadata import business_tables_observation_sensor
 from batch_assets.orchestration.spec import JobSpec
+from batch_assets.orchestration.sweep_job import definitions_of as definitions_of  # moved: components import it there
 from batch_assets.orchestration.watchdog import build_watchdog_sensor
 from batch_assets.settings import Settings, load_settings
 
@@ -43,40 +44,97 @@ SPECS: tuple[JobSpec, ...] = (
 )
 
 
+def declared() -> tuple[tuple[JobSpec, ...], list[ConfigError]]:
+    """The jobs declared in defs.yaml files under BATCH_ASSETS_DEFS_DIR (CONTRACT §9, §10), and the declarations
+    that cannot work (each names its file and attribute). Built once per state of the files."""
+    from batch_assets.components.loader import load_declarations
+
+    try:
+        found = load_declarations()
+    except ConfigError as exc:  # BATCH_ASSETS_DEFS_DIR itself is unusable
+        return (), [exc]
+    cached = _DECLARED.get(id(found))
+    if cached is not None and cached[0] is found:
+        return cached[1], cached[2]
+    taken = {name for spec in SPECS for name in spec.job_names}
+    specs: list[JobSpec] = []
+    errors: list[ConfigError] = list(found.errors)
+    for loaded in found.components:
+        build = getattr(loaded.component, "job_specs", None)
+        if build is None:
+            continue
+        try:
+            built = list(build())
+        except ConfigError as exc:
+            from batch_assets.components.loader import from_config_error
+
+            errors.append(from_config_error(loaded.path, exc))
+            continue
+        clash = next((name for spec in built for name in spec.job_names if name in taken), None)
+        if clash is not None:
+            from batch_assets.components.loader import DeclarationError
+
+            clashing = DeclarationError(loaded.path, "name", f"{clash!r} is already a job of the code location")
+            clashing.declares = clash
+            errors.append(clashing)
+            continue
+        taken.update(name for spec in built for name in spec.job_names)
+        specs.extend(built)
+    _DECLARED.clear()
+    _DECLARED[id(found)] = (found, tuple(specs), errors)
+    return tuple(specs), errors
+
+
+_DECLARED: dict[int, tuple[Any, tuple[JobSpec, ...], list[ConfigError]]] = {}
+
+
+def all_specs() -> tuple[JobSpec, ...]:
+    """The product's jobs and every declared job that can be built (a broken declaration is left out)."""
+    return (*SPECS, *declared()[0])
+
+
 def spec_for(job_name: str) -> JobSpec:
     """The spec of a job by any of its names (op job, executor variant, asset job); ConfigError if none."""
-    for spec in SPECS:
+    specs = all_specs()
+    for spec in specs:
         if job_name in spec.job_names:
             return spec
-    raise ConfigError(f"unknown job {job_name!r}; known: {', '.join(s.name for s in SPECS)}", field="job")
+    raise ConfigError(f"unknown job {job_name!r}; known: {', '.join(s.name for s in specs)}", field="job")
 
 
 def op_jobs() -> list[dg.JobDefinition]:
     """Every op job a launch may target (the jobs and their executor variants)."""
-    return [job for spec in SPECS for job in spec.op_jobs]
+    return [job for spec in all_specs() for job in spec.op_jobs]
 
 
 def asset_jobs() -> list[Any]:
-    return [job for spec in SPECS for job in spec.asset_jobs]
+    return [job for spec in all_specs() for job in spec.asset_jobs]
 
 
 def assets() -> list[Any]:
-    return [asset for spec in SPECS for asset in spec.assets]
+    """Every asset; a table two declared sweeps read is one asset spec."""
+    found: dict[Any, Any] = {}
+    for spec in all_specs():
+        for asset in spec.assets:
+            key = asset.key if isinstance(asset, dg.AssetSpec) else id(asset)
+            found.setdefault(key, asset)
+    return list(found.values())
 
 
 def asset_checks() -> list[Any]:
-    return [check for spec in SPECS for check in spec.asset_checks]
+    return [check for spec in all_specs() for check in spec.asset_checks]
 
 
 asset_checks_job = dg.define_asset_job(
     "asset_checks_job",
-    selection=dg.AssetSelection.checks(*asset_checks()),
+    selection=dg.AssetSelection.checks(*(check for spec in SPECS for check in spec.asset_checks)),
     description="Evaluate every asset check (started after each successful CLI sweep, expiry, drain and relay).",
 )
 
 business_tables_observation_job = dg.define_asset_job(
     "business_tables_observation_job",
-    selection=dg.AssetSelection.assets(*(a.key for a in assets() if isinstance(a, dg.SourceAsset))),
+    selection=dg.AssetSelection.assets(
+        *(a.key for spec in SPECS for a in spec.assets if isinstance(a, dg.SourceAsset))),
     description="Observe the business tables (row counts by status).",
 )
 
@@ -93,7 +151,7 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext) -> None:
     text = f"batch_assets: run {run.run_id} of {run.job_name} FAILED: {error}"
     context.log.error(text)
     settings = load_settings()
-    release = next((s.release_after_failure for s in SPECS if run.job_name in s.job_names), None)
+    release = next((s.release_after_failure for s in all_specs() if run.job_name in s.job_names), None)
     if release is not None:
         release(run.root_run_id or run.run_id, settings)
     send_alert(
@@ -149,7 +207,7 @@ def resources(settings: Settings) -> dict[str, Any]:
     from batch_assets.orchestration.resources import default_resources
 
     chosen = default_resources()
-    for spec in SPECS:
+    for spec in all_specs():
         if spec.resources is not None:
             chosen.update(spec.resources(settings))
     return chosen
@@ -157,14 +215,14 @@ def resources(settings: Settings) -> dict[str, Any]:
 
 def watched_job_names() -> list[str]:
     """Every job of the code location, whose STARTED runs the dead-run watchdog judges."""
-    return [*(name for spec in SPECS for name in spec.job_names), asset_checks_job.name,
+    return [*(name for spec in all_specs() for name in spec.job_names), asset_checks_job.name,
             business_tables_observation_job.name]
 
 
 def schedules(timezone: str, *, running: bool) -> list[dg.ScheduleDefinition]:
     """Every job's schedules, in `timezone`, RUNNING or STOPPED by default."""
     status = schedule_status(running)
-    return [s for spec in SPECS if spec.schedules for s in spec.schedules(timezone, status)]
+    return [s for spec in all_specs() if spec.schedules for s in spec.schedules(timezone, status)]
 
 
 def sensors(*, running: bool) -> list[dg.SensorDefinition]:
@@ -172,14 +230,14 @@ def sensors(*, running: bool) -> list[dg.SensorDefinition]:
     The failure alert and the dead-run watchdog (they start no runs) always run."""
     status = sensor_status(running)
     return [
-        *(s for spec in SPECS if spec.sensors for s in spec.sensors(status)),
+        *(s for spec in all_specs() if spec.sensors for s in spec.sensors(status)),
         run_failure_alert_sensor,
         business_tables_observation_sensor(business_tables_observation_job, status),
         build_watchdog_sensor(watched_job_names()),
         dg.run_status_sensor(
             name="asset_checks_after_run_sensor",
             run_status=dg.DagsterRunStatus.SUCCESS,
-            monitored_jobs=[spec.job for spec in SPECS],
+            monitored_jobs=[spec.job for spec in all_specs()],
             request_job=asset_checks_job,
             default_status=status,
             description="Runs every asset check after each successful CLI sweep, expiry, queue drain and relay "
@@ -189,5 +247,6 @@ def sensors(*, running: bool) -> list[dg.SensorDefinition]:
     ]
 
 
-__all__ = ["SPECS", "asset_checks", "asset_checks_job", "asset_jobs", "assets", "op_jobs", "resources", "schedules",
+__all__ = ["SPECS", "all_specs", "asset_checks", "asset_checks_job", "asset_jobs", "assets", "declared",
+           "op_jobs", "resources", "schedules",
            "sensors", "spec_for"]
