@@ -224,6 +224,39 @@ def execute_in_code_location(
     return execute_run(recon, run, instance, raise_on_error=False)
 
 
+def reexecute_in_code_location(
+    parent: Any, instance: dg.DagsterInstance, *, run_config: Mapping[str, Any], tags: Mapping[str, str]
+) -> Any:
+    """Re-execute `parent` from failure, the new run created under the job's workspace origin.
+
+    The steps of `dg.execute_job(..., reexecution_options=ReexecutionOptions.from_failure(...))` (the failed and
+    not-run steps, the others' outputs reused from the parent), with `remote_job_origin` set like
+    `execute_in_code_location`: without it the re-executed run is missing from its job's Runs tab, sparkline
+    and timeline (CONTRACT §8 "one view"), though its parent is there.
+    """
+    from dagster._core.execution.api import create_execution_plan, execute_run
+    from dagster._core.execution.plan.state import KnownExecutionState
+
+    recon = dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(parent.job_name,))
+    job_def = recon.get_definition()
+    step_keys, known_state = KnownExecutionState.build_resume_retry_reexecution(instance=instance, parent_run=parent)
+    plan = create_execution_plan(recon, run_config, step_keys_to_execute=step_keys, known_state=known_state,
+                                 tags=parent.tags)
+    run = instance.create_run_for_job(
+        job_def=job_def,
+        execution_plan=plan,
+        run_config=run_config,
+        tags={**job_def.run_tags, **tags},
+        op_selection=parent.op_selection,
+        resolved_op_selection=parent.resolved_op_selection,
+        root_run_id=parent.root_run_id or parent.run_id,
+        parent_run_id=parent.run_id,
+        remote_job_origin=workspace_job_origin(parent.job_name),
+        job_code_origin=recon.get_python_origin(),
+    )
+    return execute_run(recon, run, instance, raise_on_error=False)
+
+
 def _crashed_launch(instance: dg.DagsterInstance, launch_id: str, exc: Exception) -> LaunchResult:
     """A launch whose execution raised: the run (found by its launch tag) is reported FAILURE with its id."""
     runs = instance.get_runs(filters=dg.RunsFilter(tags={LAUNCH_ID_TAG: launch_id}), limit=1)
@@ -255,19 +288,17 @@ def reexecute_from_failure(
         parent = instance.get_run_by_id(run_id)
         if parent is None:
             raise ConfigError(f"no run {run_id!r} on this instance", field="run_id")
+        if parent.status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+            raise ConfigError(f"run {run_id} is {parent.status.value}; only a FAILURE or CANCELED run is re-executed "
+                              "from failure", field="run_id")
         run_config = dict(parent.run_config)
         if executor == "in_process":
             run_config["execution"] = {"config": {"in_process": {}}}
         elif executor == "multiprocess":
             run_config["execution"] = {"config": {"multiprocess": {"max_concurrent": max_concurrent or 0}}}
+        tags = {"batch_assets/launched_by": "cli", **cli_process_tags()}
         result = run_in_thread(
-            lambda: dg.execute_job(
-                dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(parent.job_name,)),
-                instance=instance,
-                run_config=run_config,
-                tags={"batch_assets/launched_by": "cli", **cli_process_tags()},
-                reexecution_options=dg.ReexecutionOptions.from_failure(run_id, instance),
-            ),
+            lambda: reexecute_in_code_location(parent, instance, run_config=run_config, tags=tags),
             name="batch-assets-run",
         )
         launched = _result_of(instance, result, settings, spec_for(parent.job_name))
