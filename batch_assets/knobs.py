@@ -26,13 +26,14 @@ def build_settings(cls: type[T], overrides: dict[str, Any]) -> T:
     return cls(**{k: v for k, v in overrides.items() if v is not None and v != 0})
 
 
-def check_positive_fields(settings: Any) -> None:
-    """Every field must be a finite number > 0 (whole for int fields); ConfigError names the first bad one."""
+def check_positive_fields(settings: Any, *, may_be_zero: tuple[str, ...] = ()) -> None:
+    """Every field must be a finite number > 0 (whole for int fields), or >= 0 for those in `may_be_zero` (0 = off);
+    ConfigError names the first bad one."""
     for f in fields(settings):
         value = getattr(settings, f.name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ConfigError(f"must be a number, got {value!r}", field=f.name)
-        if value <= 0:
+        if value < 0 or (value == 0 and f.name not in may_be_zero):
             raise ConfigError(f"must be > 0, got {value!r}", field=f.name)
         if f.type in ("int", int) and int(value) != value:
             raise ConfigError(f"must be a whole number, got {value!r}", field=f.name)

@@ -92,8 +92,10 @@ class LimitsStub:
     (a slow service; set `release` to let calls through at once).
 
     Records the calls: `keys` (Idempotency-Key, in order), `bodies`, `posts` (POSTs per
-    Idempotency-Key, i.e. per payment id) and `max_active` (calls in flight at once).
-    `keep_alive=True` answers HTTP/1.1, so the client may reuse its connections.
+    Idempotency-Key, i.e. per payment id), `times` (time.monotonic() at each POST's arrival, in
+    order), `max_active` (calls in flight at once) and `active_seen` (calls in flight as each
+    arrived). `keep_alive=True` answers HTTP/1.1, so the client may reuse its connections.
+    `headers(body)` adds response headers (e.g. Retry-After).
     """
 
     def __init__(
@@ -102,16 +104,20 @@ class LimitsStub:
         delay_s: float = 0.0,
         respond: Callable[[dict[str, Any]], int] | None = None,
         keep_alive: bool = False,
+        headers: Callable[[dict[str, Any]], dict[str, str]] | None = None,
     ) -> None:
         self.delay_s = delay_s
         self.respond: Callable[[dict[str, Any]], int] = respond or (lambda body: 200)
+        self.headers = headers
         self.release = threading.Event()
         self.lock = threading.Lock()
         self.keys: list[str] = []
         self.bodies: list[dict[str, Any]] = []
         self.posts: Counter[str] = Counter()
+        self.times: list[float] = []
         self.active = 0
         self.max_active = 0
+        self.active_seen: list[int] = []
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -125,13 +131,17 @@ class LimitsStub:
                     stub.keys.append(key)
                     stub.bodies.append(body)
                     stub.posts[key] += 1
+                    stub.times.append(time.monotonic())
                     stub.active += 1
                     stub.max_active = max(stub.max_active, stub.active)
+                    stub.active_seen.append(stub.active)
                 try:
                     if stub.delay_s:
                         stub.release.wait(timeout=stub.delay_s)
                     status = stub.respond(body)
                     self.send_response(status)
+                    for name, value in (stub.headers(body) if stub.headers else {}).items():
+                        self.send_header(name, value)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 finally:
