@@ -32,7 +32,7 @@ def run_sweep(
     from batch_assets.domains.customer_status.job import run_customer_status_sweep
     from batch_assets.engine.settings import SweepSettings
 
-    settings = SweepSettings.build(workers=workers, pool_size=max(10, workers + 4))
+    settings = SweepSettings(workers=workers, pool_size=max(10, workers + 4))
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     with _guard(engine, run_id, settings) as guard:
         started = time.perf_counter()

@@ -6,11 +6,20 @@ import argparse
 import re
 from collections.abc import Callable
 from datetime import date
+from typing import Any
 
 from batch_assets.errors import (
     ConfigError,
 )
-from batch_assets.knobs import DECIMAL_NUMBER_RE, WHOLE_NUMBER_RE
+from batch_assets.settings_model import (
+    DECIMAL_NUMBER_RE,
+    WHOLE_NUMBER_RE,
+    SettingsModel,
+    bounds,
+    choices,
+    describe,
+    scalar_type,
+)
 
 
 class UsageError(ConfigError):
@@ -123,6 +132,26 @@ def payment_id(text: str) -> str:
     if not _UUID_RE.fullmatch(text):
         raise argparse.ArgumentTypeError(f"id must be a UUID (8-4-4-4-12 hex digits), got {_shown(text)}")
     return text
+
+
+def add_setting(parser: argparse.ArgumentParser, model: type[SettingsModel], name: str, **extra: Any) -> None:
+    """`--NAME` (underscores as dashes) for field `name` of a job's settings model: its type, bounds, choices and
+    help derive from the field. Not given = None (the model's default); a flag field is `store_true`."""
+    info = model.model_fields[name]
+    flag = "--" + name.replace("_", "-")
+    options: dict[str, Any] = {"default": None, "help": describe(info)}
+    kind = scalar_type(info.annotation)
+    low, high = bounds(info)
+    allowed = choices(info.annotation)
+    if allowed is not None:
+        options["choices"] = list(allowed)
+    elif kind is bool:
+        options["action"] = "store_true"
+    elif kind is int:
+        options["type"] = positive(name, int(high) if high is not None else MAX_COUNT, minimum=int(low or 0))
+    elif kind is float:
+        options["type"] = decimal(name, maximum=high)
+    parser.add_argument(flag, **{**options, **extra})
 
 
 DISTANT_HELP = "allow a --run-date further from today than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from batch_assets.cli.args import at_least_one
+from batch_assets.cli.args import add_setting
 from batch_assets.cli.common import build_config, run_job
 from batch_assets.settings import Settings
 
@@ -18,20 +18,13 @@ def cmd_retention_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def register(sub: Any) -> None:
-    """retention run"""
-    from batch_assets.domains.retention.retention import (
-        DEFAULT_BATCH_SIZE,
-        DEFAULT_OLDER_THAN_DAYS,
-        MAX_BATCH_SIZE,
-        MAX_OLDER_THAN_DAYS,
-    )
+    """retention run: its options derive from RetentionSettings (type, bounds, help)."""
+    from batch_assets.domains.retention.retention import RetentionSettings
 
     group = sub.add_parser("retention", help="prune what the product itself keeps").add_subparsers(
         dest="retention_command", required=True)
     run = group.add_parser("run", help="delete SENT outbox events, run history and finished checkpoints older "
-                           f"than N days (default {DEFAULT_OLDER_THAN_DAYS}); prints the count per table")
-    run.add_argument("--older-than-days", type=at_least_one("older_than_days", MAX_OLDER_THAN_DAYS), default=None,
-                     help=f"default {DEFAULT_OLDER_THAN_DAYS}")
-    run.add_argument("--batch-size", type=at_least_one("batch_size", MAX_BATCH_SIZE), default=None,
-                     help=f"ids per delete transaction (default {DEFAULT_BATCH_SIZE})")
+                           "than N days; prints the count per table")
+    add_setting(run, RetentionSettings, "older_than_days")
+    add_setting(run, RetentionSettings, "batch_size")
     run.set_defaults(func=cmd_retention_run)

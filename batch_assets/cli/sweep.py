@@ -7,8 +7,8 @@ from typing import Any
 
 from batch_assets.cli.args import (
     DISTANT_HELP,
+    add_setting,
     parse_run_date,
-    positive,
     today_in,
 )
 from batch_assets.cli.common import (
@@ -45,20 +45,14 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def register(sub: Any) -> None:
-    """sweep customer-status"""
-    from batch_assets.domains.customer_status.job import MAX_RANGES
-    from batch_assets.engine.settings import MAXIMA
+    """sweep customer-status: its options derive from CustomerStatusSettings (type, bounds, choices, help)."""
+    from batch_assets.domains.customer_status.job import CustomerStatusSettings as Model
 
     sweep = sub.add_parser("sweep", help="run a sweep").add_subparsers(dest="sweep_name", required=True)
     cs = sweep.add_parser("customer-status", help="the customer-status sweep (CONTRACT §5)")
-    cs.add_argument("--mode", choices=["delta", "full", "config-change"], required=True)
+    add_setting(cs, Model, "mode", required=True)
     cs.add_argument("--run-date", default=None, help="YYYY-MM-DD (default: today in BATCH_ASSETS_TIMEZONE)")
-    cs.add_argument("--workers", type=positive("workers", int(MAXIMA["workers"])), default=None)
-    cs.add_argument("--window", type=positive("window", int(MAXIMA["window"])), default=None)
-    cs.add_argument("--page-size", type=positive("page_size", int(MAXIMA["page_size"])), default=None)
-    cs.add_argument("--ranges", type=positive("ranges", MAX_RANGES), default=None,
-                    help="cursor ranges for full/config-change (one mapped op each)")
-    cs.add_argument("--lock-fail-open", action="store_true",
-                    help="run even when the lock store is unreachable (the lease still fences writes)")
+    for name in ("workers", "window", "page_size", "ranges", "lock_fail_open"):
+        add_setting(cs, Model, name)
     cs.add_argument("--allow-distant-run-date", action="store_true", help=DISTANT_HELP)
     cs.set_defaults(func=cmd_sweep)

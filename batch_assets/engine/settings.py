@@ -1,143 +1,93 @@
-"""Sweep settings: every knob in one validated, frozen object.
+"""Sweep settings: every engine knob in one typed, frozen model (`SweepSettings`).
 
-Zero or None means "the documented default" (tests and callers that build the
-engine outside any config system get safe values); anything else that is out
-of range is a `ConfigError` naming the field, raised before any read or write.
+Each knob's type, bounds, default and description live on its field, the cross-field rules (heartbeat
+below the lease, the connection budget) on the model; a value out of range is a `ConfigError` naming the
+field, raised before any read or write. A job's run config and CLI options derive from these fields.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Self
+
+from pydantic import Field, model_validator
 
 from batch_assets.errors import ConfigError
+from batch_assets.settings_model import SettingsModel
 
 MAX_PAGE_SIZE = 1000
 """Upper bound of a page: an IN list / unnest array stays within the classic 1,000 limit."""
 
 ABSOLUTE_MAX_PAGE_SIZE = 10_000
-"""The largest page any sweep may allow (`SweepDefinition.max_page_size`; the default is MAX_PAGE_SIZE)."""
+"""The largest page any sweep may allow (`Reader.max_page_size`; the default is MAX_PAGE_SIZE)."""
 
 MAX_WORKERS = 32
 MAX_POOL_SIZE = 64
 """A range's connection budget: with several ranges in parallel (multiprocess) the server's
 max_connections is the real bound, checked before launch (orchestration.preflight)."""
 
-MAXIMA: dict[str, float] = {
-    "page_size": MAX_PAGE_SIZE,
-    "workers": MAX_WORKERS,
-    "window": 4 * MAX_WORKERS,
-    "pool_size": MAX_POOL_SIZE,
-    "breaker_min_rows": 10_000_000,
-    "summary_every_pages": 1_000_000,
-    "transient_retries": 20,
-    "page_timeout_s": 3600,
-    "row_timeout_s": 3600,
-    "lock_timeout_s": 3600,
-    "heartbeat_s": 3600,
-    "lease_ttl_s": 86_400,
-    "lock_ttl_s": 86_400,
-    "lock_min_s": 86_400,
-    "drain_timeout_s": 3600,
-    "checkpoint_every_s": 3600,
-    "retry_backoff_s": 60,
-}
-"""Upper bound of every numeric knob (a mistyped value fails before the run, never halfway)."""
-
 PREFETCH_CONNECTIONS = 1
 SIDE_EFFECT_CONNECTIONS = 1
 HEARTBEAT_CONNECTIONS = 1
 
 
-ZERO_ALLOWED = frozenset({"lock_min_s"})
-"""Knobs for which 0 is a value (no minimum hold), not "the default"."""
+def _count(default: int, maximum: int, description: str, *, minimum: int = 1) -> Any:
+    return Field(default=default, ge=minimum, le=maximum, description=description)
 
 
-@dataclass(frozen=True)
-class SweepSettings:
-    """Validated when built (`__post_init__`), so a SweepSettings object is valid wherever it travels;
-    nothing downstream validates it again."""
+def _seconds(default: float, maximum: float, description: str) -> Any:
+    return Field(default=default, gt=0, le=maximum, description=description)
 
-    page_size: int = 1000
-    workers: int = 4
-    window: int = 3
-    page_timeout_s: float = 30
-    row_timeout_s: float = 5
-    lock_timeout_s: float = 5
-    breaker_ratio: float = 0.2
-    breaker_min_rows: int = 100
-    summary_every_pages: int = 50
-    checkpoint_every_s: float = 1.0  # low watermark saved at most this often, and always at the end
-    heartbeat_s: float = 10
-    lease_ttl_s: float = 60
-    lock_ttl_s: float = 120
-    lock_min_s: float = 0
-    lock_fail_open: bool = False
-    drain_timeout_s: float = 30
-    adaptive_page_size: bool = False
-    pool_size: int = 10
-    transient_retries: int = 5
-    """Retries of a read or write transaction that failed for a transient reason (connection lost, server
-    restarting, timeout), with exponential backoff from retry_backoff_s; then the run stops, resumable."""
-    retry_backoff_s: float = 0.5
 
+class SweepSettings(SettingsModel):
+    """Every engine knob: type, bounds, default, description and the cross-field rules. Frozen and validated when
+    built, so a SweepSettings is valid wherever it travels; nothing downstream validates it again. A sweep's own
+    page bound (`Reader.max_page_size`) is checked by run_sweep."""
+
+    page_size: int = _count(1000, ABSOLUTE_MAX_PAGE_SIZE,
+                            f"Rows per page (a sweep allows at most {MAX_PAGE_SIZE} unless its reader says more).")
+    workers: int = _count(4, MAX_WORKERS, "Worker threads per range.")
+    window: int = _count(3, 4 * MAX_WORKERS, "Pages in flight per range.")
+    page_timeout_s: float = _seconds(30.0, 3600, "statement_timeout of a page transaction (s).")
+    row_timeout_s: float = _seconds(5.0, 3600, "statement_timeout of a per-row fallback transaction (s).")
+    lock_timeout_s: float = _seconds(5.0, 3600, "lock_timeout of write transactions (s).")
+    breaker_ratio: float = Field(default=0.2, gt=0, le=1,
+                                 description="Circuit breaker: systemic failures / rows of a page, in (0, 1].")
+    breaker_min_rows: int = _count(100, 10_000_000, "Rows before the breaker may trip.")
+    summary_every_pages: int = _count(50, 1_000_000, "Log a progress line every N pages.")
+    checkpoint_every_s: float = _seconds(
+        1.0, 3600, "Save the low-watermark checkpoint at most this often (s); always at the end.")
+    heartbeat_s: float = _seconds(10.0, 3600, "Lease/lock heartbeat interval (s), below lease_ttl_s and lock_ttl_s.")
+    lease_ttl_s: float = _seconds(60.0, 86_400, "Run lease expiry (s).")
+    lock_ttl_s: float = _seconds(120.0, 86_400, "Job lock lock-at-most-for (s), renewed by heartbeats.")
+    lock_min_s: float = Field(default=0.0, ge=0, le=86_400, description="Job lock lock-at-least-for (s); 0 = none.")
+    lock_fail_open: bool = Field(default=False,
+                                 description="Continue on the lease alone when the lock store is down.")
+    drain_timeout_s: float = _seconds(30.0, 3600, "On a stop, wait at most this long for the pages in flight (s).")
+    adaptive_page_size: bool = Field(default=False, description="Shrink/grow pages on timeouts.")
+    pool_size: int = Field(  # type: ignore[assignment]  # None: resolved from workers by _default_pool_size
+        default=None, ge=1, le=MAX_POOL_SIZE,
+        description="Connection budget per range process: workers + prefetch + side-effect + heartbeat at most. "
+        "Default max(10, workers + 3).",
+    )
+    transient_retries: int = _count(
+        5, 20, "Retries of a read or write transaction that failed for a transient reason (connection lost, "
+        "server restarting, timeout), with exponential backoff from retry_backoff_s; then the run stops, resumable.",
+        minimum=0)
+    retry_backoff_s: float = _seconds(0.5, 60, "First backoff of a transient retry (s), doubled up to 8 s.")
+
+    @model_validator(mode="before")
     @classmethod
-    def build(cls, **kwargs: Any) -> SweepSettings:
-        """Settings from keyword values; 0/None means the default; invalid values raise `ConfigError`."""
-        known = {f.name: f for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for name, value in kwargs.items():
-            if name not in known:
-                raise ConfigError("unknown sweep setting", field=name)
-            if value is None or (value == 0 and not isinstance(value, bool) and name not in ZERO_ALLOWED):
-                continue
-            values[name] = value
-        return cls(**values)
+    def _default_pool_size(cls, values: Any) -> Any:
+        """The pool follows the workers unless it is given: max(10, workers + prefetch + side-effect + heartbeat)."""
+        if isinstance(values, dict) and values.get("pool_size") is None:
+            workers = values.get("workers", cls.model_fields["workers"].default)
+            if isinstance(workers, int) and not isinstance(workers, bool):
+                values = {**values, "pool_size": max(10, workers + PREFETCH_CONNECTIONS + SIDE_EFFECT_CONNECTIONS
+                                                     + HEARTBEAT_CONNECTIONS)}
+        return values
 
-    def __post_init__(self) -> None:
-        # The page bound of a particular sweep (SweepDefinition.max_page_size) is checked by run_sweep.
-        self.validate(max_page_size=ABSOLUTE_MAX_PAGE_SIZE)
-
-    def validate(self, *, max_page_size: int = MAX_PAGE_SIZE) -> None:
-        """Raise `ConfigError(field=...)` for the first invalid value.
-
-        `max_page_size` replaces MAX_PAGE_SIZE for a sweep whose write statement carries more keys.
-        """
-        for name in ("page_size", "workers", "window", "breaker_min_rows", "summary_every_pages", "pool_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"must be a positive integer, got {value!r}", field=name)
-        if isinstance(self.transient_retries, bool) or not isinstance(self.transient_retries, int) or (
-            self.transient_retries < 0
-        ):
-            raise ConfigError(f"must be a whole number >= 0, got {self.transient_retries!r}", field="transient_retries")
-        for name in (
-            "page_timeout_s",
-            "row_timeout_s",
-            "lock_timeout_s",
-            "heartbeat_s",
-            "lease_ttl_s",
-            "lock_ttl_s",
-            "drain_timeout_s",
-            "checkpoint_every_s",
-            "retry_backoff_s",
-        ):
-            _positive_number(name, getattr(self, name))
-        if isinstance(self.lock_min_s, bool) or not isinstance(self.lock_min_s, int | float) or not (
-            math.isfinite(self.lock_min_s) and self.lock_min_s >= 0
-        ):
-            raise ConfigError(f"must be a number >= 0, got {self.lock_min_s!r}", field="lock_min_s")
-        for name, maximum in {**MAXIMA, "page_size": max_page_size}.items():
-            value = getattr(self, name)
-            if value > maximum:
-                raise ConfigError(f"must be at most {maximum}, got {value!r}", field=name)
-        ratio = self.breaker_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not (0 < ratio <= 1):
-            raise ConfigError(f"must be in (0, 1], got {ratio!r}", field="breaker_ratio")
-        for name in ("lock_fail_open", "adaptive_page_size"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError("must be a boolean", field=name)
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Self:
         if self.heartbeat_s >= self.lease_ttl_s:
             raise ConfigError("must be shorter than lease_ttl_s", field="heartbeat_s")
         if self.heartbeat_s >= self.lock_ttl_s:
@@ -152,15 +102,8 @@ class SweepSettings:
                 f"> pool_size ({self.pool_size})",
                 field="pool_size",
             )
+        return self
 
     @property
     def connections_needed(self) -> int:
         return self.workers + PREFETCH_CONNECTIONS + SIDE_EFFECT_CONNECTIONS + HEARTBEAT_CONNECTIONS
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def _positive_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"must be a positive number, got {value!r}", field=name)

@@ -16,18 +16,19 @@ bounds, with the same messages.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from datetime import date
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import dagster as dg
 import pydantic
 from pydantic import Field, field_validator
 
 from batch_assets.errors import ConfigError
-from batch_assets.knobs import DECIMAL_NUMBER_RE, WHOLE_NUMBER_RE
 from batch_assets.run_dates import check_run_date_window, parse_run_date, today_in, zone
+from batch_assets.settings_model import SettingsModel, choices, describe, given_value
 
 MAX_COUNT = 10_000_000
 """Upper bound of any count knob that has no tighter one of its own."""
@@ -74,38 +75,6 @@ def _check_value(name: str, annotation: Any, value: Any, ge: float | None, le: f
         raise ConfigError(f"must be at most {le:g}, got {value!r}", field=name)
 
 
-def _given_value(name: str, annotation: Any, value: Any) -> Any:
-    """A value handed to `from_values`, held to what an operator means before pydantic's lax coercion.
-
-    pydantic turns ' 5', '+5' and 5.0 into 5, 'yes' into True and reads '' as a string; each of these
-    is refused here, naming the field. A string of plain ASCII digits is taken for a number field.
-    """
-    kind = annotation if annotation in (int, float, bool) else {"int": int, "float": float, "bool": bool}.get(
-        annotation)
-    if isinstance(value, str):
-        shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}..."
-        if not value.strip():
-            raise ConfigError(f"must not be empty, got {value!r}", field=name)
-        if kind is int:
-            if not WHOLE_NUMBER_RE.fullmatch(value):
-                raise ConfigError(f"must be a whole number in ASCII digits, got {shown}", field=name)
-            return int(value)
-        if kind is float:
-            if not DECIMAL_NUMBER_RE.fullmatch(value):
-                raise ConfigError(f"must be a number in ASCII digits, got {shown}", field=name)
-            return float(value)
-        if kind is bool:
-            raise ConfigError(f"must be true or false, got {shown}", field=name)
-        return value
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"must be a whole number, got {value!r}", field=name)
-    if kind is float and (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)):
-        raise ConfigError(f"must be a finite number, got {value!r}", field=name)
-    if kind is bool and not isinstance(value, bool):
-        raise ConfigError(f"must be true or false, got {value!r}", field=name)
-    return value
-
-
 class JobConfig(dg.Config):
     """Base of every job's run config (see the module docstring)."""
 
@@ -115,16 +84,22 @@ class JobConfig(dg.Config):
             ge, le = field_bounds(info)
             _check_value(name, info.annotation, getattr(self, name), ge, le)
 
+    settings_model: ClassVar[type[SettingsModel] | None] = None
+    """The job's settings model when the config was derived from it (`config_class`)."""
+
     def to_settings(self) -> Any:
         """Validate everything (ConfigError naming the field) and return the job's typed settings."""
-        raise NotImplementedError
+        if self.settings_model is None:
+            raise NotImplementedError
+        return self.settings_model.from_text(
+            {name: getattr(self, name) for name in type(self).model_fields})
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any] | None = None) -> Self:
         """The config from plain values (None = the default), pydantic's errors as a ConfigError naming the field."""
         fields = cls.model_fields
         clean = {
-            k: _given_value(k, fields[k].annotation, v) if k in fields else v
+            k: given_value(k, fields[k].annotation, v) if k in fields else v
             for k, v in (values or {}).items() if v is not None
         }
         try:
@@ -136,6 +111,37 @@ class JobConfig(dg.Config):
             if field and message.startswith(f"{field}: "):
                 message = message[len(field) + 2:]
             raise ConfigError(message, field=field) from None
+
+
+def config_class(settings: type[SettingsModel], name: str, doc: str, *, fields: tuple[str, ...] | None = None) -> Any:
+    """The run config of a job whose settings are `settings`: one launchpad field per model field, with the model's
+    default and its description (bounds and default included); a Literal of modes becomes a config Enum, so the
+    launchpad refuses any other value before the run starts. Nothing is validated here beyond Dagster's types:
+    `to_settings()` builds the model from the values, and the model holds every bound and cross-field rule.
+    `fields` limits the run config to those (the others keep the model's default). (Typed Any: its fields exist
+    only at runtime.)"""
+    annotations: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"__module__": settings.__module__, "__doc__": doc, "settings_model": settings}
+    for field_name, info in settings.model_fields.items():
+        if fields is not None and field_name not in fields:
+            continue
+        annotation: Any = info.annotation
+        default = info.default
+        allowed = choices(annotation)
+        if allowed is not None:
+            enum_name = name.removesuffix("Config") + "".join(p.title() for p in field_name.split("_"))
+            modes: Any = enum.Enum(enum_name, [(v, v) for v in allowed], type=str)  # type: ignore[misc]
+            annotation = modes
+            default = None if default is None else modes(str(getattr(default, "value", default)))
+        elif annotation in (date, date | None):
+            annotation = str | None
+            default = None if default is None else default.isoformat()
+        elif default is None and annotation in (int, float):
+            annotation = annotation | None  # a default the model derives from other fields (e.g. pool_size)
+        annotations[field_name] = annotation
+        namespace[field_name] = Field(default=default, description=describe(info))
+    namespace["__annotations__"] = annotations
+    return type(name, (JobConfig,), namespace)
 
 
 class DatedConfig(JobConfig):

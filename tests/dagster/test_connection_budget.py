@@ -28,7 +28,7 @@ def test_multi_range_run_holds_at_most_ranges_times_the_per_range_budget(
     """3 ranges in parallel (multiprocess), 2 workers each: at most 3 x (workers + prefetch + side effect +
     heartbeat) backends plus one per step process for plan, summary and report, sampled from another connection."""
     seed_customers(engine, cipher, 40_000, run_date=date(2025, 6, 1), seed=5)
-    per_range = SweepSettings.build(workers=WORKERS).connections_needed
+    per_range = SweepSettings(workers=WORKERS).connections_needed
     peak = 0
     done = threading.Event()
 

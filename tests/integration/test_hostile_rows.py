@@ -92,7 +92,7 @@ class Recording(CustomerStatusSweep):
 def _sweep(engine: sa.Engine, cipher: DobCipher, mode: str, settings: SweepSettings | None = None,
            definition: CustomerStatusSweep | None = None):
     definition = definition or Recording(mode, cipher=cipher, run_date=RUN_DATE, rules=DEFAULT_RULES)
-    settings = settings or SweepSettings.build(workers=2, window=2, page_size=10)
+    settings = settings or SweepSettings(workers=2, window=2, page_size=10)
     return run_sweep(engine, definition, settings, RunContext("hostile", mode, RUN_DATE))
 
 
@@ -139,10 +139,10 @@ def test_one_copied_ciphertext_among_good_rows_is_left_due(engine: sa.Engine, ci
     copied = uuid.uuid4()
     copy_customers(engine, [*good, (copied, "ACTIVE", good[0][2], *SETTLED)])
     before = _stored(engine)
-    wrong = _sweep(engine, DobCipher(os.urandom(32)), "full", SweepSettings.build(workers=2, window=2, page_size=50))
+    wrong = _sweep(engine, DobCipher(os.urandom(32)), "full", SweepSettings(workers=2, window=2, page_size=50))
     assert wrong.status == "FAILURE" and (wrong.stopped_reason or "").startswith("circuit breaker")
     assert _stored(engine) == before and _side_effects(engine) == (0, 0)
-    right = _sweep(engine, cipher, "full", SweepSettings.build(workers=2, window=2, page_size=1000))
+    right = _sweep(engine, cipher, "full", SweepSettings(workers=2, window=2, page_size=1000))
     assert (right.status, right.failed_by_type["decrypt_failure"], right.changed) == ("SUCCESS", 1, 0)
     assert _stored(engine)[copied] == (SETTLED[0], None, "decrypt_failure")
 
@@ -177,7 +177,7 @@ def test_hostile_values_written_during_a_run_end_due_and_named(engine: sa.Engine
     first_page = {rows[i][0]: blob for i, blob in enumerate(kinds.values())}
     later_page = {rows[30 + i][0]: blob for i, blob in enumerate(kinds.values())}
     definition = Injecting(cipher, engine, {**first_page, **later_page})
-    full = _sweep(engine, cipher, "full", SweepSettings.build(workers=1, window=1, page_size=10), definition)
+    full = _sweep(engine, cipher, "full", SweepSettings(workers=1, window=1, page_size=10), definition)
     assert full.status == "SUCCESS", full.stopped_reason
     assert full.conflicts == len(first_page)
     assert full.failed_by_type == {"missing_data": 2, "invalid_value": 1, "decrypt_failure": 1, "write_error": 0}
@@ -202,7 +202,7 @@ def test_a_page_over_the_breaker_ratio_in_a_run_too_small_to_trip_leaves_its_row
     rows = [customer(cipher, "1990-07-01", customer_id=uuid.UUID(int=i + 1)) for i in range(20)]
     bad = [(uuid.UUID(int=i + 1), "ACTIVE", rows[10][2], *SETTLED) for i in range(5)]  # another row's ciphertext
     copy_customers(engine, bad + rows[5:])
-    result = _sweep(engine, cipher, "full", SweepSettings.build(workers=2, window=2, page_size=10))
+    result = _sweep(engine, cipher, "full", SweepSettings(workers=2, window=2, page_size=10))
     assert (result.status, result.failed_by_type["decrypt_failure"], result.changed) == ("SUCCESS", 5, 15)
     stored = _stored(engine)
     assert all(stored[row[0]] == (SETTLED[0], None, "decrypt_failure") for row in bad)
@@ -215,7 +215,7 @@ def test_one_hostile_row_in_a_short_last_page_does_not_trip_the_breaker(engine: 
     copied = uuid.UUID(int=104)  # the highest id: the last row of the last page (full reads in id order)
     rows[-1] = (copied, "ACTIVE", rows[0][2], *SETTLED)
     copy_customers(engine, rows)
-    result = _sweep(engine, cipher, "full", SweepSettings.build(workers=1, window=1, page_size=100))
+    result = _sweep(engine, cipher, "full", SweepSettings(workers=1, window=1, page_size=100))
     assert result.status == "SUCCESS", result.stopped_reason
     assert (result.pages, result.failed_by_type["decrypt_failure"], result.changed) == (2, 1, 103)
     assert _stored(engine)[copied] == (SETTLED[0], None, "decrypt_failure")

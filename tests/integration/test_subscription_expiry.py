@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import date
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -80,23 +81,24 @@ def _subs(engine: sa.Engine) -> dict[int, sa.Row]:
     return {r.id: r for r in rows}
 
 
-def _settings(**kw: object) -> ExpirySettings:
-    return ExpirySettings.build(**kw)
+def _settings(**kw: Any) -> ExpirySettings:
+    return ExpirySettings(**kw)
 
 
 def test_settings_defaults_and_validation() -> None:
-    """0/None take the documented defaults; invalid values raise ConfigError naming the field."""
-    s = ExpirySettings.build(batch_size=0, max_retries=None)
+    """Nothing given: the documented defaults; invalid values (0 included) raise ConfigError naming the field."""
+    s = ExpirySettings()
     assert (s.batch_size, s.max_retries, s.lock_ttl_s, s.lock_min_s, s.row_timeout_s) == (500, 3, 120, 60, 5)
     for kw, name in (
         ({"batch_size": -1}, "batch_size"),
+        ({"batch_size": 0}, "batch_size"),
         ({"batch_size": 20_000}, "batch_size"),
         ({"lock_min_s": 10, "lock_ttl_s": 5}, "lock_min_s"),
         ({"max_retries": 1.5}, "max_retries"),
         ({"nope": 1}, "nope"),
     ):
         with pytest.raises(ConfigError) as info:
-            ExpirySettings.build(**kw)
+            ExpirySettings(**kw)
         assert info.value.field == name
 
 

@@ -25,7 +25,7 @@ from batch_assets.engine.settings import SweepSettings
 pytestmark = pytest.mark.integration
 
 RUN_DATE = date(2025, 6, 1)
-ONE_PAGE = SweepSettings.build(workers=1, window=1, page_size=100)
+ONE_PAGE = SweepSettings(workers=1, window=1, page_size=100)
 
 
 class EditingSweep(CustomerStatusSweep):
@@ -224,7 +224,7 @@ def test_expiry_of_a_subscription_changed_since_the_read_is_a_conflict(engine: s
             conn.exec_driver_sql("UPDATE subscriptions SET expiry_date = '2025-01-01' WHERE id = 1")  # renewed
             conn.exec_driver_sql("UPDATE subscriptions SET expiry_date = '2024-05-01' WHERE id = 2")  # moved
 
-    settings = ExpirySettings.build().to_sweep_settings()
+    settings = ExpirySettings().to_sweep_settings()
     result = run_sweep(engine, EditingExpiry(edit, fail_batch=fail_batch), settings,
                        RunContext("expiry-run", "nightly", EXPIRY_RUN_DATE))
     assert (result.status, result.scanned, result.changed, result.conflicts, result.failed) == (
@@ -232,7 +232,7 @@ def test_expiry_of_a_subscription_changed_since_the_read_is_a_conflict(engine: s
     assert _subscription(engine, 1) == ("ACTIVE", date(2025, 1, 1), 1)
     assert _subscription(engine, 2) == ("ACTIVE", date(2024, 5, 1), 1)
     assert _subscription(engine, 3) == ("EXPIRED", date(2024, 3, 1), 0)
-    again = run_expiry(engine, run_date=EXPIRY_RUN_DATE, settings=ExpirySettings.build())
+    again = run_expiry(engine, run_date=EXPIRY_RUN_DATE, settings=ExpirySettings())
     assert (again.scanned, again.expired, again.conflicts) == (1, 1, 0)
     assert again.to_summary("r2")["conflicts"] == 0
     assert _subscription(engine, 2) == ("EXPIRED", date(2024, 5, 1), 0)
@@ -258,7 +258,7 @@ def test_a_failed_expiry_does_not_mark_a_renewed_subscription_failed(engine: sa.
                     other.exec_driver_sql("UPDATE subscriptions SET expiry_date = '2026-01-01' WHERE id = 7")
             return super().record(conn, outcome, exc)
 
-    settings = ExpirySettings.build().to_sweep_settings()
+    settings = ExpirySettings().to_sweep_settings()
     definition = ExpirySweep("nightly", run_date=EXPIRY_RUN_DATE, max_retries=3)
     definition.write_failures = RenewingFailures(definition.from_status, definition.max_retries)
     result = run_sweep(engine, definition, settings, RunContext("expiry-run", "nightly", EXPIRY_RUN_DATE))

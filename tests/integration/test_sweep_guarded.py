@@ -18,7 +18,7 @@ from batch_assets.locking.guard import job_guard, steal_lease
 pytestmark = pytest.mark.integration
 
 RUN_DATE = date(2025, 6, 1)
-SETTINGS = SweepSettings.build(workers=1, window=1, page_size=50, heartbeat_s=1, lease_ttl_s=30, lock_ttl_s=30)
+SETTINGS = SweepSettings(workers=1, window=1, page_size=50, heartbeat_s=1, lease_ttl_s=30, lock_ttl_s=30)
 
 
 def _due(engine: sa.Engine) -> int:

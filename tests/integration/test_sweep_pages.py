@@ -21,7 +21,7 @@ from batch_assets.engine.settings import SweepSettings
 pytestmark = pytest.mark.integration
 
 RUN_DATE = date(2025, 6, 1)
-ONE_WORKER = SweepSettings.build(workers=1, window=1, page_size=100)
+ONE_WORKER = SweepSettings(workers=1, window=1, page_size=100)
 
 
 def _run(engine: sa.Engine, cipher: DobCipher, mode: str = "full", settings: SweepSettings = ONE_WORKER,
@@ -98,7 +98,7 @@ def test_changed_page_costs_two_statements(engine: sa.Engine, cipher: DobCipher)
     rows += [customer(cipher, f"200{i}-02-03") for i in range(9)]
     copy_customers(engine, rows)
     with captured_statements(engine) as statements:
-        result = _run(engine, cipher, settings=SweepSettings.build(workers=1, window=1, page_size=1000))
+        result = _run(engine, cipher, settings=SweepSettings(workers=1, window=1, page_size=1000))
     assert (result.pages, result.changed, result.triggers, result.audit_events) == (1, 29, 20, 29)
     written = writes(statements)
     assert len(written) <= 2, written
@@ -117,7 +117,7 @@ def test_page_transaction_carries_its_timeouts(engine: sa.Engine, cipher: DobCip
             return super().write_page(conn, changed)
 
     copy_customers(engine, [customer(cipher, "2001-01-01")])
-    settings = SweepSettings.build(workers=1, window=1, page_timeout_s=7, lock_timeout_s=3)
+    settings = SweepSettings(workers=1, window=1, page_timeout_s=7, lock_timeout_s=3)
     probe = Probe("full", cipher=cipher, run_date=RUN_DATE, rules=DEFAULT_RULES)
     with captured_statements(engine) as statements:
         result = _run(engine, cipher, settings=settings, definition=probe)
@@ -152,7 +152,7 @@ def test_poisoned_row_is_isolated_while_the_rest_commits(
             return super().write_row(conn, outcome)
 
     probe = Probe(mode, cipher=cipher, run_date=RUN_DATE, rules=DEFAULT_RULES)
-    settings = SweepSettings.build(workers=1, window=1, row_timeout_s=2, page_timeout_s=9)
+    settings = SweepSettings(workers=1, window=1, row_timeout_s=2, page_timeout_s=9)
     result = _run(engine, cipher, mode, settings=settings, definition=probe)
     assert (result.changed, result.failed, result.failed_by_type["write_error"]) == (5, 1, 1)
     assert result.audit_events == 5 and result.status == status
@@ -213,7 +213,7 @@ def test_delta_query_is_an_index_range_scan(engine: sa.Engine, cipher: DobCipher
 def test_outbox_rows_match_updates_in_bulk(engine: sa.Engine, cipher: DobCipher) -> None:
     """Several pages: every changed row is stamped and has exactly one event; count(events) == changed."""
     copy_customers(engine, [customer(cipher, f"19{50 + i % 50}-0{1 + i % 9}-1{i % 10}") for i in range(250)])
-    result = _run(engine, cipher, settings=SweepSettings.build(workers=2, window=2, page_size=40))
+    result = _run(engine, cipher, settings=SweepSettings(workers=2, window=2, page_size=40))
     assert (result.scanned, result.changed, result.pages) == (250, 250, 7)
     assert count(engine, "outbox_events") == 250
     with engine.connect() as conn:

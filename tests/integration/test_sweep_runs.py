@@ -73,7 +73,7 @@ def test_data_failures_never_trip_the_breaker(engine: sa.Engine, cipher: DobCiph
     ("kwargs", "field"),
     [
         ({"settings": {"page_size": 1001}}, "page_size"),
-        ({"settings": {"workers": 20}}, "pool_size"),
+        ({"settings": {"workers": 20, "pool_size": 10}}, "pool_size"),
         ({"settings": {"page_timeout_s": -3}}, "page_timeout_s"),
         ({"mode": "weekly"}, "mode"),
         ({"cursor_range": CursorRange.parse("00000000-0000-0000-0000-000000000000",
@@ -243,7 +243,7 @@ def test_cursor_ranges_partition_the_key_space(engine: sa.Engine, cipher: DobCip
 def test_summary_has_the_contract_keys(engine: sa.Engine, cipher: DobCipher) -> None:
     """to_summary() carries every CONTRACT §2 key for a sweep."""
     copy_customers(engine, random_customers(cipher, 10))
-    summary = _sweep(engine, cipher, settings=SweepSettings.build(workers=1)).to_summary()
+    summary = _sweep(engine, cipher, settings=SweepSettings(workers=1)).to_summary()
     for key in ("status", "run_id", "scanned", "changed", "unchanged", "failed", "failed_by_type", "duration_s",
                 "mode", "run_date", "pages", "decrypted", "triggers", "audit_events", "resumed_from"):
         assert key in summary

@@ -26,10 +26,11 @@ def test_rules_built_by_a_library_caller_are_held_to_section_5(pairs) -> None:
 @pytest.mark.parametrize("run_date", ["", " ", " 2026-01-01", "2026-01-01 "])
 def test_a_dagster_config_refuses_an_empty_or_loose_run_date(run_date: str) -> None:
     """SweepConfig as the launchpad builds it: '' is not today, and the text must be exactly YYYY-MM-DD."""
-    with pytest.raises(Exception, match="run_date"):
-        SweepConfig(mode="full", run_date=run_date)
     with pytest.raises(ConfigError) as info:
-        SweepConfig.model_construct(mode="full", run_date=run_date).checked_run_date()
+        SweepConfig(mode="full", run_date=run_date).to_settings()
+    assert info.value.field == "run_date"
+    with pytest.raises(ConfigError) as info:
+        SweepConfig.model_construct(mode="full", run_date=run_date).to_settings()
     assert info.value.field == "run_date"
 
 

@@ -19,7 +19,6 @@ rules sensor and "Materialize" in the UI start). Lineage:
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
-import enum
 import json
 import logging
 import time
@@ -28,26 +27,20 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import dagster as dg
 import sqlalchemy as sa
-from pydantic import Field
 
 from batch_assets import run_history
 from batch_assets.db.engine import one_off_engine
 from batch_assets.domains.customer_status import sql
-from batch_assets.domains.customer_status.job import (
-    DEFAULT_RANGES,
-    MAX_RANGES,
-    SWEEP_MODES,
-    checkpoint_fingerprint,
-)
+from batch_assets.domains.customer_status.job import CustomerStatusSettings, checkpoint_fingerprint
 from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.domains.customer_status.sweep import SWEEP_NAME
 from batch_assets.engine.definition import UUID_MAX, CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
-from batch_assets.engine.settings import MAXIMA, SweepSettings
+from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import BatchAssetsError, ConfigError, LockNotAcquired, error_text
 from batch_assets.locking.lock import make_job_lock
 from batch_assets.locking.run_guard import (
@@ -59,7 +52,7 @@ from batch_assets.locking.run_guard import (
 )
 from batch_assets.orchestration.automation import IN_PROGRESS, schedule_timezone, tick_date
 from batch_assets.orchestration.celery import celery_on_redis_executor
-from batch_assets.orchestration.config import DatedConfig, count_field, seconds_field
+from batch_assets.orchestration.config import JobConfig, config_class
 from batch_assets.orchestration.metadata import counts_table, observable_table, records_table, run_numbers
 from batch_assets.orchestration.ops import (
     config_failure,
@@ -96,87 +89,12 @@ _ADDITIVE = ("scanned", "changed", "unchanged", "failed", "pages", "decrypted", 
 # --- config ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SweepPlan:
-    """The validated run config: what plan_sweep needs besides the engine's SweepSettings."""
-
-    mode: str
-    run_date: date | None
-    ranges: int
-    engine: SweepSettings
-
-
-SweepMode = enum.Enum("SweepMode", [(mode, mode) for mode in SWEEP_MODES], type=str)  # type: ignore[misc]
-"""The sweep's modes as a Dagster config Enum: the launchpad refuses any other value before the run starts."""
-if TYPE_CHECKING:
-    ModeValue = str  # a mode is given as its string; pydantic turns it into the member
-else:
-    ModeValue = SweepMode
-
-
-class SweepConfig(DatedConfig):
-    """Customer-status sweep (CONTRACT §2 `sweep customer-status`). 0 or missing = the documented default."""
-
-    mode: ModeValue = Field(
-        default=cast(Any, SweepMode("delta")),
-        description="delta | full | config-change (the launchpad checks it). Default delta.",
-    )
-    ranges: int = count_field(
-        str(DEFAULT_RANGES), maximum=MAX_RANGES,
-        description="Cursor ranges (UUID key ranges, one mapped op each) for full/config-change; delta is "
-        "always one range.",
-    )
-    workers: int = count_field("4", maximum=MAXIMA["workers"], description="Worker threads per range.")
-    window: int = count_field("3", maximum=MAXIMA["window"], description="Pages in flight per range.")
-    page_size: int = count_field("1000", maximum=MAXIMA["page_size"], description="Rows per page.")
-    page_timeout_s: float = seconds_field("30", maximum=MAXIMA["page_timeout_s"],
-                                    description="statement_timeout of a page transaction (s).")
-    row_timeout_s: float = seconds_field("5", maximum=MAXIMA["row_timeout_s"],
-                                   description="statement_timeout of a per-row fallback transaction (s).")
-    lock_timeout_s: float = seconds_field("5", maximum=MAXIMA["lock_timeout_s"],
-                                    description="lock_timeout of write transactions (s).")
-    breaker_ratio: float = Field(
-        default=0, ge=0, le=1,
-        description="Circuit breaker: systemic failures / rows of a page, in (0, 1]. 0 = 0.2.",
-    )
-    breaker_min_rows: int = count_field("100", maximum=MAXIMA["breaker_min_rows"],
-                                  description="Rows before the breaker may trip.")
-    summary_every_pages: int = count_field("50", maximum=MAXIMA["summary_every_pages"],
-                                     description="Log a progress line every N pages.")
-    checkpoint_every_s: float = seconds_field(
-        "1", maximum=MAXIMA["checkpoint_every_s"],
-        description="Save the low-watermark checkpoint at most this often (s); always at the end.",
-    )
-    heartbeat_s: float = seconds_field("10", maximum=MAXIMA["heartbeat_s"],
-                                       description="Lease/lock heartbeat interval.")
-    lease_ttl_s: float = seconds_field("60", maximum=MAXIMA["lease_ttl_s"], description="Run lease expiry.")
-    lock_ttl_s: float = seconds_field("120", maximum=MAXIMA["lock_ttl_s"],
-                                description="Job lock lock-at-most-for, renewed by heartbeats.")
-    lock_min_s: float = seconds_field("none", maximum=MAXIMA["lock_min_s"], description="Job lock lock-at-least-for.")
-    lock_fail_open: bool = Field(
-        default=False, description="Continue on the lease alone when the lock store is down. Default false."
-    )
-    adaptive_page_size: bool = Field(default=False, description="Shrink/grow pages on timeouts. Default false.")
-    pool_size: int = count_field("max(10, workers + 3)", maximum=MAXIMA["pool_size"],
-                           description="Connection budget per range process.")
-
-    def to_settings(self) -> SweepPlan:
-        """Validate everything (ConfigError naming the field) and return the plan + engine settings."""
-        mode = str(getattr(self.mode, "value", self.mode))
-        if mode not in SWEEP_MODES:
-            raise ConfigError(f"must be one of {', '.join(SWEEP_MODES)}, got {mode!r}", field="mode")
-        self.check_fields()
-        run_date = self.checked_run_date()
-        ranges = 1 if mode == "delta" else (self.ranges or DEFAULT_RANGES)
-        workers = self.workers or SweepSettings.workers
-        values = {name: getattr(self, name) for name in ENGINE_FIELDS}
-        values["pool_size"] = self.pool_size or max(SweepSettings.pool_size, workers + 3)
-        engine = SweepSettings.build(**values)
-        return SweepPlan(mode=mode, run_date=run_date, ranges=ranges, engine=engine)
-
-
-ENGINE_FIELDS = tuple(name for name in SweepConfig.model_fields if name in SweepSettings.__dataclass_fields__)
-"""The config fields that are engine knobs (the rest is the plan: mode, run date, ranges)."""
+SweepConfig = config_class(
+    CustomerStatusSettings, "SweepConfig",
+    "Customer-status sweep (CONTRACT §2 `sweep customer-status`), derived from CustomerStatusSettings.",
+)
+"""The run config: launchpad fields, defaults and descriptions derived from CustomerStatusSettings, the mode a
+config Enum (the launchpad refuses 'fulll'); `to_settings()` builds the settings model (every bound, one place)."""
 
 
 @dataclass(frozen=True)
@@ -222,7 +140,7 @@ def _in_process(context: dg.OpExecutionContext) -> bool:
     return "in_process" in (execution.get("config") or {})
 
 
-def config_from_run(op_config: Any) -> SweepConfig:
+def config_from_run(op_config: Any) -> JobConfig:
     """The run's SweepConfig from the op's config, checked like the CLI's (`from_values`, then `to_settings` in
     validated_plan): a value the launchpad's types let through (`workers: 100000`, `run_date: "tomorrow"`) fails
     the run with one line naming the field, not a pydantic trace."""
@@ -682,7 +600,7 @@ SWEEP_GRAPH_NODE = "customer_status_sweep"
 """The graph-backed asset's node in customer_status_asset_job: its ops' config nests under it."""
 
 
-def sweep_run_config(config: SweepConfig) -> dict:
+def sweep_run_config(config: JobConfig) -> dict:
     """Run config of customer_status_asset_job for one sweep (plan_sweep's config, nested under the graph)."""
     return {"ops": {SWEEP_GRAPH_NODE: {"ops": {"plan_sweep": {"config": config.model_dump(mode="json")}}}}}
 

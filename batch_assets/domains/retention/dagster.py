@@ -6,53 +6,37 @@ The schedule and `batch-assets retention run` start the same job; the op runs `r
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
-from dataclasses import dataclass
-
 import dagster as dg
 
-from batch_assets.domains.retention.retention import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_OLDER_THAN_DAYS,
-    MAX_BATCH_SIZE,
-    MAX_OLDER_THAN_DAYS,
-    RetentionSettings,
-    run_retention,
-)
+from batch_assets.domains.retention.retention import RetentionSettings, run_retention
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
-from batch_assets.orchestration.config import JobConfig, count_field
-from batch_assets.orchestration.ops import SUCCESS, empty_summary, finish, stop_on_interrupt, utcnow, validated_plan
+from batch_assets.orchestration.config import config_class
+from batch_assets.orchestration.ops import (
+    SUCCESS,
+    config_of,
+    config_schema_of,
+    empty_summary,
+    finish,
+    stop_on_interrupt,
+    utcnow,
+    validated_plan,
+)
 from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.shutdown import STOP
 
-
-@dataclass(frozen=True)
-class RetentionPlan:
-    settings: RetentionSettings
+RetentionConfig = config_class(
+    RetentionSettings, "RetentionConfig", "Retention (CONTRACT §2 `retention run`), derived from RetentionSettings.")
 
 
-class RetentionConfig(JobConfig):
-    """Retention (CONTRACT §2 `retention run`). 0 or missing = the documented default."""
-
-    older_than_days: int = count_field(str(DEFAULT_OLDER_THAN_DAYS), maximum=MAX_OLDER_THAN_DAYS,
-                                       description="Delete what is older than this many days.")
-    batch_size: int = count_field(str(DEFAULT_BATCH_SIZE), maximum=MAX_BATCH_SIZE,
-                                  description="Ids per delete transaction.")
-
-    def to_settings(self) -> RetentionPlan:
-        self.check_fields()
-        return RetentionPlan(RetentionSettings(older_than_days=self.older_than_days or DEFAULT_OLDER_THAN_DAYS,
-                                               batch_size=self.batch_size or DEFAULT_BATCH_SIZE))
-
-
-@dg.op(tags={"kind": "retention"})
-def prune_retention(context: dg.OpExecutionContext, config: RetentionConfig, database: DatabaseResource) -> dict:
+@dg.op(tags={"kind": "retention"}, config_schema=config_schema_of(RetentionConfig))
+def prune_retention(context: dg.OpExecutionContext, database: DatabaseResource) -> dict:
     """Delete SENT outbox events, run history and finished checkpoints older than the cutoff, batch by batch."""
     started_at = utcnow()
-    plan = validated_plan(config)
+    settings = validated_plan(config_of(RetentionConfig, context))  # a bad field: one line naming it
     engine = database.get_engine()
     with stop_on_interrupt():
-        result = run_retention(engine, plan.settings, stop=STOP.is_set)
+        result = run_retention(engine, settings, stop=STOP.is_set)
     deleted = result.deleted
     summary = {**empty_summary(SUCCESS, context.run_id), **result.to_summary()}
     summary["scanned"] = summary["changed"] = sum(deleted.values())

@@ -16,10 +16,11 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import Field
 
 from batch_assets.db.engine import translate_errors
 from batch_assets.domains.retention import sql
-from batch_assets.errors import ConfigError
+from batch_assets.settings_model import SettingsModel
 
 log = logging.getLogger(__name__)
 
@@ -29,19 +30,13 @@ DEFAULT_BATCH_SIZE = 5_000
 MAX_BATCH_SIZE = 50_000
 
 
-@dataclass(frozen=True)
-class RetentionSettings:
-    older_than_days: int = DEFAULT_OLDER_THAN_DAYS
-    batch_size: int = DEFAULT_BATCH_SIZE
+class RetentionSettings(SettingsModel):
+    """Retention's settings (CONTRACT §2 `retention run`): the one model its run config and CLI options derive from."""
 
-    def __post_init__(self) -> None:
-        _bounded("older_than_days", self.older_than_days, 0, MAX_OLDER_THAN_DAYS)
-        _bounded("batch_size", self.batch_size, 1, MAX_BATCH_SIZE)
-
-
-def _bounded(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"must be a whole number from {low} to {high}, got {value!r}", field=name)
+    older_than_days: int = Field(default=DEFAULT_OLDER_THAN_DAYS, ge=1, le=MAX_OLDER_THAN_DAYS,
+                                 description="Delete what is older than this many days.")
+    batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1, le=MAX_BATCH_SIZE,
+                            description="Ids per delete transaction.")
 
 
 @dataclass

@@ -6,19 +6,16 @@ Lineage: subscriptions, enrollments ─▶ subscription_status.
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import date
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
 
 from batch_assets.alerts import send_alert
 from batch_assets.domains.subscriptions import sql
-from batch_assets.domains.subscriptions.expiry import ExpirySettings, run_expiry_job
+from batch_assets.domains.subscriptions.expiry import ExpiryJobSettings, run_expiry_job
 from batch_assets.errors import LockNotAcquired
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
-from batch_assets.orchestration.config import MAX_RETRIES, DatedConfig, count_field
+from batch_assets.orchestration.config import config_class
 from batch_assets.orchestration.metadata import counts_table, observable_table, run_numbers
 from batch_assets.orchestration.ops import (
     SKIPPED,
@@ -43,33 +40,14 @@ NIGHTLY = "nightly_jobs"
 # --- config ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ExpiryPlan:
-    """The validated run config."""
-
-    run_date: date | None
-    retry_failed: bool
-    engine: ExpirySettings
-
-
-class ExpiryConfig(DatedConfig):
-    """Nightly subscription expiry (CONTRACT §6). 0 or missing = the documented default.
-
-    run_date: expire ACTIVE subscriptions with expiry_date before it (default today).
-    """
-
-    retry_failed: bool = Field(
-        default=False, description="Retry FAILED subscriptions whose retry_count is under max_retries. Default false."
-    )
-    batch_size: int = count_field("500", description="Subscriptions per batch.")
-    max_retries: int = count_field("3", maximum=MAX_RETRIES, description="Maximum retry_count retried by retry_failed.")
-
-    def to_settings(self) -> ExpiryPlan:
-        """Validate everything (ConfigError naming the field) and return the plan + expiry settings."""
-        self.check_fields()
-        run_date = self.checked_run_date()
-        engine = ExpirySettings.build(batch_size=self.batch_size or None, max_retries=self.max_retries or None)
-        return ExpiryPlan(run_date=run_date, retry_failed=self.retry_failed, engine=engine)
+ExpiryConfig = config_class(
+    ExpiryJobSettings, "ExpiryConfig",
+    "Nightly subscription expiry (CONTRACT §6), derived from ExpiryJobSettings. run_date: expire ACTIVE "
+    "subscriptions with expiry_date before it (default today).",
+    fields=("run_date", "allow_distant_run_date", "retry_failed", "batch_size", "max_retries"),
+)
+"""The run config: launchpad fields, defaults and descriptions derived from ExpiryJobSettings; `to_settings()`
+builds the settings model (every bound and cross-field rule, one place)."""
 
 
 # --- op and job ----------------------------------------------------------------------------

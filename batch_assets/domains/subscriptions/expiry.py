@@ -21,9 +21,10 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import Any, Self
 
 import sqlalchemy as sa
+from pydantic import Field, model_validator
 
 from batch_assets.db.engine import translated_error
 from batch_assets.domains.subscriptions.sql import NIGHTLY_BATCH, RETRY_BATCH
@@ -38,16 +39,18 @@ from batch_assets.domains.subscriptions.sweep import (
 from batch_assets.engine.definition import RunContext, RunGuardLike
 from batch_assets.engine.result import SUCCESS, SweepResult
 from batch_assets.engine.runner import run_sweep
-from batch_assets.engine.settings import MAXIMA, SweepSettings
+from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import ConfigError, LeaseLost, error_text
-from batch_assets.knobs import build_settings, check_positive_fields
 from batch_assets.locking.guard import RunGuard, job_guard
 from batch_assets.locking.lock import JobLock, PostgresJobLock
+from batch_assets.settings_model import DatedSettings, SettingsModel, bounds
 
 log = logging.getLogger(__name__)
 
 JOB_LOCK_NAME = "subscription_expiry"
-MAX_BATCH_FAILURES = int(MAXIMA["transient_retries"]) + 1
+MAX_BATCH_FAILURES = int(bounds(SweepSettings.model_fields["transient_retries"])[1] or 0) + 1
+"""One more than the engine's transient_retries bound (max_batch_failures - 1 retries)."""
+MAX_RETRIES = 1000
 
 __all__ = [
     "JOB_LOCK_NAME",
@@ -55,54 +58,52 @@ __all__ = [
     "NIGHTLY_BATCH",
     "RETRY_BATCH",
     "ExpiryResult",
+    "ExpiryJobSettings",
     "ExpirySettings",
     "run_expiry",
     "run_expiry_job",
 ]
 
 
-@dataclass(frozen=True)
-class ExpirySettings:
-    """Knobs of the expiry job; 0 or None means the documented default (use `build`)."""
+class ExpirySettings(SettingsModel):
+    """Knobs of the expiry job: type, bounds, default, description and the cross-field rules."""
 
-    batch_size: int = 500  # rows read per keyset batch (1..10000)
-    max_retries: int = 3  # retry_failed retries rows with retry_count below this; reaching it alerts
-    lock_ttl_s: float = 120  # lock-at-most-for; renewed by the heartbeat (and checked after each batch)
-    lock_min_s: float = 60  # lock-at-least-for
-    lease_ttl_s: float = 60  # the run's lease; renewed by the heartbeat, fences every write transaction
-    heartbeat_s: float = 10  # renewal interval of lock and lease
-    row_timeout_s: float = 5  # statement_timeout of each per-row transaction; lock_timeout is half of it
-    batch_timeout_s: float = 30  # statement_timeout of the one-statement batch transaction
-    max_batch_failures: int = 3  # attempts of a write or read failing on the connection before the run ends FAILURE
-    retry_backoff_s: float = 1.0  # wait after the first transient failure, doubled after each next one
+    batch_size: int = Field(default=500, ge=1, le=MAX_BATCH_SIZE, description="Subscriptions per batch.")
+    max_retries: int = Field(
+        default=3, ge=1, le=MAX_RETRIES,
+        description="Maximum retry_count retried by retry_failed; a subscription reaching it raises an alert.")
+    lock_ttl_s: float = Field(default=120.0, gt=0, le=86_400,
+                              description="Lock-at-most-for (s); renewed by the heartbeat, checked after each batch.")
+    lock_min_s: float = Field(default=60.0, gt=0, le=86_400, description="Lock-at-least-for (s), at most lock_ttl_s.")
+    lease_ttl_s: float = Field(default=60.0, gt=0, le=86_400,
+                               description="The run's lease (s); renewed by the heartbeat, fences every write.")
+    heartbeat_s: float = Field(default=10.0, gt=0, le=3600,
+                               description="Renewal interval of lock and lease (s), below both ttls.")
+    row_timeout_s: float = Field(
+        default=5.0, gt=0, le=3600,
+        description="statement_timeout of each per-row transaction (s), below lock_ttl_s; lock_timeout is half.")
+    batch_timeout_s: float = Field(default=30.0, gt=0, le=3600,
+                                   description="statement_timeout of the one-statement batch transaction (s).")
+    max_batch_failures: int = Field(
+        default=3, ge=1, le=MAX_BATCH_FAILURES,
+        description="Attempts of a write or read failing on the connection before the run ends FAILURE.")
+    retry_backoff_s: float = Field(default=1.0, gt=0, le=60,
+                                   description="Wait after the first transient failure (s), doubled after each next.")
 
-    def __post_init__(self) -> None:
-        check_positive_fields(self)
-        if self.batch_size > MAX_BATCH_SIZE:
-            raise ConfigError(f"must be <= {MAX_BATCH_SIZE}, got {self.batch_size}", field="batch_size")
-        if self.max_retries > 1000:
-            raise ConfigError(f"must be <= 1000, got {self.max_retries}", field="max_retries")
-        if self.max_batch_failures > MAX_BATCH_FAILURES:
-            raise ConfigError(f"must be <= {MAX_BATCH_FAILURES}, got {self.max_batch_failures}",
-                              field="max_batch_failures")
-        if self.retry_backoff_s > 60:
-            raise ConfigError(f"must be <= 60, got {self.retry_backoff_s}", field="retry_backoff_s")
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Self:
         if self.lock_min_s > self.lock_ttl_s:
             raise ConfigError(f"must be <= lock_ttl_s ({self.lock_ttl_s}), got {self.lock_min_s}", field="lock_min_s")
         if self.row_timeout_s >= self.lock_ttl_s:
             raise ConfigError("must be < lock_ttl_s", field="row_timeout_s")
         if self.heartbeat_s >= min(self.lock_ttl_s, self.lease_ttl_s):
             raise ConfigError("must be shorter than lock_ttl_s and lease_ttl_s", field="heartbeat_s")
+        return self
 
     @property
     def lock_fail_open(self) -> bool:
         """Expiry never runs without its lock (job_guard reads this)."""
         return False
-
-    @classmethod
-    def build(cls, **overrides: Any) -> ExpirySettings:
-        """Settings from keyword overrides; a value of 0 or None takes the default; unknown names are errors."""
-        return build_settings(cls, overrides)
 
     def to_sweep_settings(self) -> SweepSettings:
         """The engine's settings: one worker and a window of one batch, no breaker (every row is independent)."""
@@ -123,6 +124,19 @@ class ExpirySettings:
             transient_retries=self.max_batch_failures - 1,
             retry_backoff_s=self.retry_backoff_s,
         )
+
+
+class ExpiryJobSettings(DatedSettings, ExpirySettings):
+    """The expiry job's settings (CONTRACT §2 `subscriptions expire`): its run date and mode on top of the knobs.
+    The one model its run config (launchpad) derives from."""
+
+    retry_failed: bool = Field(default=False,
+                               description="Retry FAILED subscriptions whose retry_count is under max_retries.")
+
+    @property
+    def engine(self) -> ExpirySettings:
+        """The expiry's knobs alone."""
+        return ExpirySettings(**{name: getattr(self, name) for name in ExpirySettings.model_fields})
 
 
 @dataclass
