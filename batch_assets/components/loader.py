@@ -1,9 +1,10 @@
 """Every defs.yaml under BATCH_ASSETS_DEFS_DIR, as Dagster components (CONTRACT §9, §10).
 
-The folder is put first on sys.path, so the functions a declaration names can live beside it. Each file is
-`type: <module.Class>` (a dagster.Component, e.g. batch_assets.SweepComponent or batch_assets.TableQueueComponent)
-and `attributes:`; the class's own model validates them (unknown attributes refused) and the component is built
-with Dagster's `Resolvable.resolve_from_model`.
+The folder is put first on sys.path, so the functions a declaration names can live beside it (the folder
+of each defs.yaml follows it on the path: a function beside its defs.yaml in a subfolder is found by its
+name). Each file is `type: <module.Class>` (a dagster.Component, e.g. batch_assets.SweepComponent or
+batch_assets.TableQueueComponent) and `attributes:`; the class's own model validates them (unknown
+attributes refused) and the component is built with Dagster's `Resolvable.resolve_from_model`.
 
 A file that cannot be loaded is one `DeclarationError` (a ConfigError: exit 2) naming the file and the
 attribute. `load_declarations` never raises for one: it returns the components that loaded and the errors, so
@@ -88,6 +89,10 @@ def load_declarations(folder: Path | None = None) -> Declarations:
         return cached
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
+    for place in sorted({str(p.parent) for p in files} - {str(folder)}):
+        # A function beside its defs.yaml in a subfolder is found by its module name too (after the folder's own).
+        if place not in sys.path:
+            sys.path.insert(sys.path.index(str(folder)) + 1, place)
     found = Declarations()
     for path in files:
         try:
