@@ -270,9 +270,28 @@ def _crashed_launch(instance: dg.DagsterInstance, launch_id: str, exc: Exception
 
 
 def _release_after_failure(spec: JobSpec, launched: LaunchResult, root_run_id: str, settings: Settings) -> None:
-    """A run that did not succeed gives back the lock and lease it may still hold (jobs that hold one)."""
+    """A run that did not succeed gives back the lock and lease it may still hold (jobs that hold one).
+
+    Not when a step of it lost its celery worker (orchestration.celery.LOST_WORKER_TAG): that step may still run
+    on a host cut off from the broker, and a holder on another host is never judged from here, so lease and lock
+    are left to expire (the step's writes are fenced on the lease meanwhile).
+    """
     if launched.dagster_status != "SUCCESS" and spec.release_after_failure is not None:
+        lost = _lost_worker(launched.run_id)
+        if lost is not None:
+            log.warning("run %s: a step lost its celery worker %s; its lease and lock are left to expire",
+                        launched.run_id, lost)
+            return
         spec.release_after_failure(root_run_id, settings)
+
+
+def _lost_worker(run_id: str) -> str | None:
+    """The celery worker a step of the run lost (the tag the celery executor sets), or None."""
+    from batch_assets.orchestration.celery import LOST_WORKER_TAG
+
+    with dg.DagsterInstance.get() as instance:
+        run = instance.get_run_by_id(run_id)
+    return None if run is None else run.tags.get(LOST_WORKER_TAG)
 
 
 def reexecute_from_failure(
