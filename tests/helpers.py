@@ -1,4 +1,4 @@
-"""Helpers shared by the test kinds: polling, stopping a process session, a local limits service.
+"""Helpers shared by the test kinds: polling, stopping a process session, a local limits service, a worker process.
 
 Importable as `helpers` from every test (tests/ is on sys.path: it holds the root conftest.py).
 """
@@ -9,12 +9,16 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -67,6 +71,56 @@ def kill_session(popen: subprocess.Popen[Any]) -> None:
         except ProcessLookupError:
             pass
         popen.wait(timeout=30)
+
+
+# --- a resident payment worker in a process of its own (tests of the queue) -------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import json, signal, sys, threading
+    from batch_assets.db.engine import create_engine
+    from batch_assets.domains.payments.handler import HttpLimitsHandler
+    from batch_assets.domains.payments.queue import QueueSettings
+    from batch_assets.domains.payments.worker import run_worker
+
+    url, limits_url, knobs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    settings = QueueSettings.build(**knobs)
+    handler = HttpLimitsHandler(limits_url, settings.http_timeout_s, max_connections=settings.concurrency)
+    result = run_worker(create_engine(url, pool_size=2), settings, handler=handler, stop=stop, drain=False)
+    print(json.dumps(result.to_summary("test")), flush=True)
+    """
+)
+
+
+class WorkerProcess:
+    """The resident worker in a process of its own session (stopped by its own group id)."""
+
+    def __init__(self, db_url: str, limits_url: str, knobs: dict[str, Any], tmp_path: Path) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.out_path, self.err_path = tmp_path / f"worker-{tag}.out", tmp_path / f"worker-{tag}.err"
+        self._out, self._err = self.out_path.open("w"), self.err_path.open("w")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-c", WORKER_SCRIPT, db_url, limits_url, json.dumps(knobs)],
+            stdout=self._out, stderr=self._err, cwd=REPO, start_new_session=True,
+        )
+
+    def stop(self, timeout: float = 60) -> dict[str, Any]:
+        """SIGTERM, wait, and return the worker's summary."""
+        os.kill(self.popen.pid, signal.SIGTERM)
+        self.popen.wait(timeout=timeout)
+        self._out.close()
+        lines = self.out_path.read_text().strip().splitlines()
+        assert self.popen.returncode == 0 and lines, self.err_path.read_text()[-3000:]
+        return json.loads(lines[-1])
+
+    def kill_group(self) -> None:
+        kill_session(self.popen)
+        self._out.close()
+        self._err.close()
 
 
 # --- the job guard's settings ----------------------------------------------------------------------
@@ -139,14 +193,16 @@ class LimitsStub:
                     if stub.delay_s:
                         stub.release.wait(timeout=stub.delay_s)
                     status = stub.respond(body)
-                    self.send_response(status)
-                    for name, value in (stub.headers(body) if stub.headers else {}).items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
                 finally:
+                    # The call ends before its answer goes out: a client that starts its next call on
+                    # reading the answer is never counted in flight together with this one.
                     with stub.lock:
                         stub.active -= 1
+                self.send_response(status)
+                for name, value in (stub.headers(body) if stub.headers else {}).items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
 
             def log_message(self, *args: object) -> None:
                 return None
@@ -207,6 +263,15 @@ class AlertWebhook:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def sensor_resources(db_url: str) -> dict[str, Any]:
+    """The resources a sensor tick evaluated by a test gets, as the code location gives them: the test's database,
+    the PostgreSQL lock store and the alert sink (BATCH_ASSETS_ALERT_WEBHOOK as the test set it, or log only)."""
+    from batch_assets.orchestration.resources import AlertsResource, DatabaseResource, JobLockResource
+
+    return {"database": DatabaseResource(url=db_url), "job_lock": JobLockResource(),
+            "alerts": AlertsResource(webhook=os.environ.get("BATCH_ASSETS_ALERT_WEBHOOK") or None)}
 
 
 # --- a TCP proxy in front of a real service (one home: the fault campaign's) -----------------------------

@@ -7,10 +7,8 @@ local HTTP stub and stop it by its own process group.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -23,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
-from helpers import LimitsStub, kill_session, wait_for
+from helpers import LimitsStub, WorkerProcess, wait_for
 
 from batch_assets.db.engine import is_transient
 from batch_assets.domains.payments import queue, sql
@@ -71,52 +69,6 @@ def stub() -> Iterator[LimitsStub]:
     """A keep-alive limits service: `respond(body) -> status`; counts POSTs per payment (`count`)."""
     with LimitsStub(keep_alive=True) as service:
         yield service
-
-
-WORKER_SCRIPT = textwrap.dedent(
-    """
-    import json, signal, sys, threading
-    from batch_assets.db.engine import create_engine
-    from batch_assets.domains.payments.handler import HttpLimitsHandler
-    from batch_assets.domains.payments.queue import QueueSettings
-    from batch_assets.domains.payments.worker import run_worker
-
-    url, limits_url, knobs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    settings = QueueSettings.build(**knobs)
-    handler = HttpLimitsHandler(limits_url, settings.http_timeout_s, max_connections=settings.concurrency)
-    result = run_worker(create_engine(url, pool_size=2), settings, handler=handler, stop=stop, drain=False)
-    print(json.dumps(result.to_summary("test")), flush=True)
-    """
-)
-
-
-class WorkerProcess:
-    """The resident worker in a process of its own session (stopped by its own group id)."""
-
-    def __init__(self, db_url: str, limits_url: str, knobs: dict[str, Any], tmp_path: Path) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.out_path, self.err_path = tmp_path / f"worker-{tag}.out", tmp_path / f"worker-{tag}.err"
-        self._out, self._err = self.out_path.open("w"), self.err_path.open("w")
-        self.popen = subprocess.Popen(
-            [sys.executable, "-c", WORKER_SCRIPT, db_url, limits_url, json.dumps(knobs)],
-            stdout=self._out, stderr=self._err, cwd=REPO, start_new_session=True,
-        )
-
-    def stop(self, timeout: float = 60) -> dict[str, Any]:
-        """SIGTERM, wait, and return the worker's summary."""
-        os.kill(self.popen.pid, signal.SIGTERM)
-        self.popen.wait(timeout=timeout)
-        self._out.close()
-        lines = self.out_path.read_text().strip().splitlines()
-        assert self.popen.returncode == 0 and lines, self.err_path.read_text()[-3000:]
-        return json.loads(lines[-1])
-
-    def kill_group(self) -> None:
-        kill_session(self.popen)
-        self._out.close()
-        self._err.close()
 
 
 # --- pure pieces ----------------------------------------------------------------------------------
