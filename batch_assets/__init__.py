@@ -5,13 +5,14 @@ from __future__ import annotations
 from batch_assets.domains.payments.errors import PermanentFailure, RetryAfter
 
 __version__ = "0.1.0"
-__all__ = ["PermanentFailure", "RetryAfter", "RowFailure", "SweepComponent", "__version__"]
+__all__ = ["PermanentFailure", "RetryAfter", "RowFailure", "SweepComponent", "TableQueueComponent", "__version__"]
 
 # Declared jobs (CONTRACT §9, §10), imported on first use so `import batch_assets` stays cheap:
 # name -> the module that defines it.
 _LAZY = {
     "RowFailure": "batch_assets.components.failures",
     "SweepComponent": "batch_assets.components.sweep_component",
+    "TableQueueComponent": "batch_assets.components.table_queue",
 }
 
 

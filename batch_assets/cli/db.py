@@ -15,15 +15,20 @@ from batch_assets.settings import Settings
 
 
 def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.components.table_queue import checked_queues, install_queues
     from batch_assets.db.migrate import applied_versions, migrate
 
     engine = connected_engine(settings)
+    # Every declared queue's table holds the queue's columns, or exit 2 naming the file and the column, before
+    # anything is written (CONTRACT §10); then the migrations, then each queue's trigger and indexes.
+    checked_queues(engine, with_payments=False)
     applied = migrate(engine)
     for m in applied:
         err(f"applied migration {m.label}")
+    queues = install_queues(engine)
     versions = applied_versions(engine)
     emit({"status": "SUCCESS", "applied": [m.version for m in applied], "applied_names": [m.label for m in applied],
-          "schema_versions": versions})
+          "schema_versions": versions, "queues": queues})
     return EXIT_OK
 
 
