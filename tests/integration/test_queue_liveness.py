@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.domains.payments.queue import enqueue
-from batch_assets.domains.payments.store import PAYMENTS, PAYMENTS_SPEC
+from batch_assets.domains.payments.store import PAYMENTS
 from batch_assets.domains.queue.liveness import ClaimRenewer, Holdings, Liveness
 from batch_assets.domains.queue.side import SideConnection
 
@@ -54,7 +54,7 @@ def test_renewal_extends_held_claims_and_never_revives_another_owners_row(db_url
                              "interval '5 seconds' WHERE id = :id"), {"id": stolen.id})
 
     async def scenario(side: SideConnection) -> Liveness:
-        liveness = Liveness(600, ClaimRenewer(side, PAYMENTS_SPEC, holdings))
+        liveness = Liveness(600, ClaimRenewer(side, PAYMENTS.sql.renew, holdings))
         await liveness.beat()
         return liveness
 
@@ -75,7 +75,7 @@ def test_liveness_keeps_a_short_lease_alive_and_stops_when_dropped(db_url: str, 
     holdings.hold(claims)
 
     async def scenario(side: SideConnection) -> tuple[list[bool], bool]:
-        liveness = Liveness(1.0, ClaimRenewer(side, PAYMENTS_SPEC, holdings))
+        liveness = Liveness(1.0, ClaimRenewer(side, PAYMENTS.sql.renew, holdings))
         task = asyncio.create_task(liveness.run())
         seen: list[bool] = []
         try:

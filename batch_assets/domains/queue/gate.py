@@ -23,22 +23,23 @@ from batch_assets.domains.queue.liveness import ClaimRenewer, Holdings, Liveness
 from batch_assets.domains.queue.ratelimit import RateLimiter
 from batch_assets.domains.queue.settings import QueueSettings
 from batch_assets.domains.queue.side import SideConnection
-from batch_assets.domains.queue.spec import QueueSpec
+from batch_assets.domains.queue.store import QueueStore
 
 CLOSE_TIMEOUT_S = 5.0
 """How long a stopping worker tries to give its in-flight slots back before leaving them to their lease."""
 
 
 class CallGate:
-    def __init__(self, conninfo: str, spec: QueueSpec, settings: QueueSettings) -> None:
+    def __init__(self, conninfo: str, store: QueueStore, settings: QueueSettings) -> None:
+        name = store.name
         self.side = SideConnection(conninfo)
         self.holdings = Holdings()
         lease_s = float(settings.claim_lease_s)
-        self.rate = (RateLimiter(self.side, spec.name, settings.rate_limit_per_s, lanes=settings.concurrency)
+        self.rate = (RateLimiter(self.side, name, settings.rate_limit_per_s, lanes=settings.concurrency)
                      if settings.rate_limit_per_s else None)
-        self.slots = (InFlightLimiter(self.side, spec.name, settings.max_in_flight, lease_s=lease_s)
+        self.slots = (InFlightLimiter(self.side, name, settings.max_in_flight, lease_s=lease_s)
                       if settings.max_in_flight else None)
-        self.liveness = Liveness(lease_s, ClaimRenewer(self.side, spec, self.holdings),
+        self.liveness = Liveness(lease_s, ClaimRenewer(self.side, store.sql.renew, self.holdings),
                                  extra=[self.slots.renew] if self.slots is not None else [])
         self._beating: asyncio.Task[None] | None = None
 

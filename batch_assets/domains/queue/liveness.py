@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from batch_assets.domains.queue.side import SideConnection, chunks
-from batch_assets.domains.queue.spec import QueueSpec, quote
 from batch_assets.errors import error_text
 
 log = logging.getLogger(__name__)
@@ -33,24 +32,6 @@ RENEW_CHUNK = 1000
 """Claims renewed per statement."""
 RENEWALS_PER_LEASE = 3
 """A claim is renewed this many times per lease, so one late or lost renewal never lets it lapse."""
-
-
-def renew_statement(spec: QueueSpec) -> str:
-    """RENEW — extend the lease of claims still held: `claimed_until = now() + %(lease_s)s`.
-
-    %(keys)s key[] · %(tokens)s uuid[] (the claim token of each key) · %(lease_s)s float8.
-    Fenced: only rows still PROCESSING under that token. `key = ANY(keys)` keeps it on primary-key
-    lookups. Returns the keys renewed.
-    """
-    table, key, key_type = quote(spec.table), quote(spec.key), spec.key_type
-    return f"""
-UPDATE {table} AS q
-   SET claimed_until = now() + make_interval(secs => %(lease_s)s)
-  FROM unnest(%(keys)s::{key_type}[], %(tokens)s::uuid[]) AS r(key, token)
- WHERE q.{key} = ANY(%(keys)s::{key_type}[]) AND q.{key} = r.key
-   AND q.status = 'PROCESSING' AND q.claim_token = r.token
-RETURNING q.{key}
-"""  # noqa: S608 — identifiers from a validated spec, quoted; values bound
 
 
 class HeldClaim(Protocol):
@@ -93,11 +74,12 @@ class Holdings:
 
 
 class ClaimRenewer:
-    """Renews the lease of the claims in `holdings` on the side connection (`renew_statement(spec)`)."""
+    """Renews the lease of the claims in `holdings` on the side connection, with the queue's `renew` statement
+    (`statements.Statements.renew`: %(keys)s, %(tokens)s, %(lease_s)s; returns the keys renewed)."""
 
-    def __init__(self, side: SideConnection, spec: QueueSpec, holdings: Holdings) -> None:
+    def __init__(self, side: SideConnection, statement: str, holdings: Holdings) -> None:
         self.side = side
-        self.statement = renew_statement(spec)
+        self.statement = statement
         self.holdings = holdings
 
     async def renew(self, lease_s: float) -> tuple[int, int]:

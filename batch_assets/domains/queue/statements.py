@@ -152,6 +152,18 @@ UPDATE {t} AS p
 RETURNING r.ord
 """  # noqa: S608
 
+        # renew — extend the lease of claims still held (liveness.py): claimed_until = now() + %(lease_s)s.
+        #   %(keys)s key[] · %(tokens)s uuid[] the claim token of each key · %(lease_s)s float8
+        # Fenced like a result: only rows still PROCESSING under that token, so a row finished, given back or
+        # claimed again by another worker is never revived. Returns the keys renewed.
+        self.renew = f"""
+UPDATE {t} AS p
+   SET claimed_until = now() + make_interval(secs => %(lease_s)s)
+  FROM unnest(%(keys)s::{kt}[], %(tokens)s::uuid[]) AS r(id, token)
+ WHERE p.{k} = ANY(%(keys)s::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
+RETURNING p.{k}
+"""  # noqa: S608
+
         # next_due_in — seconds until the earliest NEW row is due or the earliest claim lapses (negative:
         # already due; 0: a PROCESSING row without a lease; NULL: nothing queued). Each term is a min or an
         # existence test over a partial index; cut to ±1 day, so ±'infinity' another service wrote is a far

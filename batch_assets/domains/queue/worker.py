@@ -111,7 +111,7 @@ class Worker:
         self.signals = Signals()
         self.completer = Completer(max_rows=self.settings.max_batch_size, delay_s=self.settings.flush_delay_s,
                                    signals=self.signals, result=self.result, clock=loop.time)
-        self.gate = CallGate(self.link.conninfo, self.store.spec, self.settings)
+        self.gate = CallGate(self.link.conninfo, self.store, self.settings)
         self.executor = Executor(self.settings, self.handler, signals=self.signals, completer=self.completer,
                                  breaker=self.breaker, batch=self.batch, refuse=self.refuse, gate=self.gate)
         self.notifier = Notifier(self.link, self.store.sql.listen, self.signals, self.result)
