@@ -7,24 +7,22 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from helpers import sensor_resources
 
 from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.payments.queue import enqueue
 from batch_assets.orchestration.launch import get_job
-from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 
 defs = load_defs()
-IDLE_HOUR_TICKS = 360
-"""The drain sensor's ticks in an hour (minimum_interval_seconds = 10)."""
 
 
 def _drain_tick(instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> dg.SensorResult:
     sensor = defs.resolve_sensor_def("payment_queue_drain_sensor")
     with dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"database": DatabaseResource(url=db_url)}
+        instance=instance, cursor=cursor, resources=sensor_resources(db_url)
     ) as context:
         return sensor.evaluate_tick(context)
 
@@ -78,60 +76,95 @@ def test_drain_sensor_observes_payment_status_while_idle_without_a_run(
         assert again.asset_events == [] and again.run_requests == []
 
 
-def test_an_idle_hour_starts_no_drain_and_no_check_run(dagster_env: Settings, db_url: str) -> None:
-    """An hour of drain-sensor ticks with nothing due requests no run, so the checks sensor starts none either."""
-    with dg.instance_for_test() as instance:
-        checks_cursor = _checks_tick(instance, None).cursor
-        cursor, requested = None, 0
-        for _ in range(IDLE_HOUR_TICKS):
-            result = _drain_tick(instance, cursor, db_url)
-            cursor = result.cursor or cursor
-            requested += len(result.run_requests)
-        checks = _checks_tick(instance, checks_cursor)
-        assert requested == 0 and checks.run_requests == []
-
-
-def _schedule_ticks(start: datetime, end: datetime) -> dict[str, int]:
-    """How many times each schedule of the code location fires in [start, end)."""
+def _schedule_ticks(start: datetime, end: datetime) -> dict[str, list[datetime]]:
+    """When each schedule of the code location fires in [start, end)."""
     from dagster._utils.schedules import cron_string_iterator
 
-    ticks: dict[str, int] = {}
+    ticks: dict[str, list[datetime]] = {}
     for schedule in defs.schedules or []:
         assert isinstance(schedule, dg.ScheduleDefinition)
-        count = 0
         for when in cron_string_iterator(start.timestamp(), str(schedule.cron_schedule),
                                          schedule.execution_timezone):
             if when >= end:
                 break
-            count += 1
-        if count:
-            ticks[schedule.name] = count
+            ticks.setdefault(schedule.name, []).append(when)
     return ticks
 
 
-def test_an_idle_hour_starts_at_most_one_run_per_schedule_tick(dagster_env: Settings, db_url: str) -> None:
-    """An idle weekday hour (10:00-11:00 UTC): the sensors that may start runs start none, so the runs of that
-    hour are the schedule ticks alone (the outbox relay's, every 5 minutes)."""
+def _schedule_runs(instance: dg.DagsterInstance, db_url: str, ticks: dict[str, list[datetime]]) -> dict[str, int]:
+    """The runs each schedule requests when evaluated at its ticks, as the daemon would."""
+    requested: dict[str, int] = {}
+    for name, whens in ticks.items():
+        schedule = defs.resolve_schedule_def(name)
+        for when in whens:
+            with dg.build_schedule_context(instance=instance, scheduled_execution_time=when,
+                                           resources=sensor_resources(db_url)) as context:
+                data = schedule.evaluate_tick(context)
+            requested[name] = requested.get(name, 0) + len(data.run_requests or [])
+    return requested
+
+
+def _idle_sensor_runs(instance: dg.DagsterInstance, db_url: str, seconds: float) -> dict[str, int]:
+    """The runs each sensor that may start runs requests over `seconds` of ticks at its interval (the run-status
+    sensors answer runs, not ticks: the checks sensor is counted by the tests that make runs)."""
+    requested: dict[str, int] = {}
+    for sensor in defs.sensors or []:
+        if isinstance(sensor, dg.RunStatusSensorDefinition):
+            continue
+        cursor = None
+        for _ in range(int(seconds // (sensor.minimum_interval_seconds or 30))):
+            with dg.build_sensor_context(
+                instance=instance, cursor=cursor, resources=sensor_resources(db_url)
+            ) as context:
+                result = sensor.evaluate_tick(context)
+            cursor = result.cursor or cursor
+            requested[sensor.name] = requested.get(sensor.name, 0) + len(result.run_requests or [])
+    return requested
+
+
+def test_an_idle_hour_starts_no_run(dagster_env: Settings, db_url: str) -> None:
+    """An idle weekday hour (10:00-11:00 UTC): every sensor that may start runs starts none, and the one schedule
+    that fires in it, the outbox relay's (every 5 minutes), skips each tick while no event is pending."""
     start = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
     ticks = _schedule_ticks(start, start + timedelta(hours=1))
-    assert ticks == {"outbox_relay_schedule": 12}
-    sensors = {"payment_queue_drain_sensor": 360, "rules_changed_sensor": 120,
-               "business_tables_observation_sensor": 12}
-    requested = 0
+    assert {name: len(whens) for name, whens in ticks.items()} == {"outbox_relay_schedule": 12}
     with dg.instance_for_test() as instance:
         checks_cursor = _checks_tick(instance, None).cursor
-        for name, count in sensors.items():
-            cursor = None
-            for _ in range(count):
-                with dg.build_sensor_context(
-                    instance=instance, cursor=cursor, resources={"database": DatabaseResource(url=db_url)}
-                ) as context:
-                    result = defs.resolve_sensor_def(name).evaluate_tick(context)
-                cursor = result.cursor or cursor
-                requested += len(result.run_requests)
-        requested += len(_checks_tick(instance, checks_cursor).run_requests)
-    runs_per_idle_hour = requested + sum(ticks.values())
-    assert requested == 0 and runs_per_idle_hour == 12
+        sensors = _idle_sensor_runs(instance, db_url, 3600)
+        schedules = _schedule_runs(instance, db_url, ticks)
+        checks = len(_checks_tick(instance, checks_cursor).run_requests)
+    assert {"payment_queue_drain_sensor", "rules_changed_sensor", "business_tables_observation_sensor",
+            "dead_run_watchdog_sensor"} <= set(sensors)
+    runs_per_idle_hour = sum(sensors.values()) + sum(schedules.values()) + checks
+    assert (sensors, schedules, checks) == ({name: 0 for name in sensors}, {"outbox_relay_schedule": 0}, 0)
+    assert runs_per_idle_hour == 0
+
+
+def test_an_idle_day_starts_at_most_one_run_per_schedule_tick(dagster_env: Settings, db_url: str) -> None:
+    """An idle Sunday: the nightly and weekly schedules start their one run per tick (the relay schedule's 288 ticks
+    skip like the idle hour's 12, so they are not evaluated again here)."""
+    start = datetime(2026, 12, 6, 0, 0, tzinfo=UTC)
+    ticks = _schedule_ticks(start, start + timedelta(days=1))
+    assert len(ticks.pop("outbox_relay_schedule")) == 288
+    with dg.instance_for_test() as instance:
+        requested = _schedule_runs(instance, db_url, ticks)
+    assert {name: len(whens) for name, whens in ticks.items()} == {name: 1 for name in ticks}
+    assert requested == {name: 1 for name in ticks}, requested  # the daily and weekly jobs: one run per tick
+
+
+def test_the_relay_schedule_starts_a_run_when_an_event_is_pending(
+    dagster_env: Settings, db_url: str, engine: sa.Engine
+) -> None:
+    """Another service writes an event (PENDING): the next relay tick requests one run; once SENT, the tick skips."""
+    when = [datetime(2026, 12, 2, 10, 5, tzinfo=UTC)]
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+                             "VALUES (gen_random_uuid(), 'test', '{}')"))
+    with dg.instance_for_test() as instance:
+        assert _schedule_runs(instance, db_url, {"outbox_relay_schedule": when}) == {"outbox_relay_schedule": 1}
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE outbox_events SET status = 'SENT', sent_at = now()"))
+        assert _schedule_runs(instance, db_url, {"outbox_relay_schedule": when}) == {"outbox_relay_schedule": 0}
 
 
 def test_checks_run_only_after_a_run_that_changed_something(

@@ -298,8 +298,13 @@ def outbox_backlog(config: OutboxBacklogConfig, database: DatabaseResource) -> d
     )
 
 
-def _relay_tick(timezone: str) -> Callable[[dg.ScheduleEvaluationContext], dg.RunRequest]:
-    def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+def _relay_tick(timezone: str) -> Callable[[dg.ScheduleEvaluationContext], dg.RunRequest | dg.SkipReason]:
+    def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        # Quiet when idle (CONTRACT §8): no relay run while no event is PENDING (a claimed one whose send is under
+        # way is still PENDING, so a crashed relay's events are picked up by the next tick's run).
+        pending, _ = backlog(context.resources.database.get_engine())
+        if pending == 0:
+            return dg.SkipReason("no outbox event pending: no relay run")
         return dg.RunRequest(
             run_key=f"outbox:{tick_minute(context.scheduled_execution_time, timezone)}",
             run_config=dg.RunConfig(ops={"relay_outbox_events": OutboxRelayConfig()}),
@@ -316,10 +321,12 @@ def build_schedules(timezone: str, status: dg.DefaultScheduleStatus) -> list[dg.
             cron_schedule="*/5 * * * *",
             job=outbox_relay_job,
             execution_fn=_relay_tick(tz),
+            required_resource_keys={"database"},
             execution_timezone=tz,
             default_status=status,
-            description="Relay pending outbox events every 5 minutes, a safety net: for latency under a second run "
-            "`batch-assets outbox relay --follow` (the job lock keeps one relay at a time).",
+            description="Relay pending outbox events every 5 minutes (no run when none is pending), a safety net: "
+            "for latency under a second run `batch-assets outbox relay --follow` (the job lock keeps one relay at a "
+            "time).",
         ),
     ]
 
