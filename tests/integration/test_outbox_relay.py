@@ -315,3 +315,63 @@ def test_an_insert_of_events_notifies_the_relay_and_an_empty_insert_does_not(eng
         assert list(listener.notifies(timeout=0.3, stop_after=1)) == []  # one statement, one notification
     finally:
         raw.invalidate()
+
+
+def _plan_nodes(plan: dict) -> list[tuple[str, str | None]]:  # type: ignore[type-arg]
+    found = [(plan["Node Type"], plan.get("Index Name"))]
+    for child in plan.get("Plans", []):
+        found += _plan_nodes(child)
+    return found
+
+
+def test_a_claim_walks_the_pending_index_from_where_the_pass_is_even_with_stale_statistics(engine: sa.Engine) -> None:
+    """Statistics from before a sweep's events (100 rows analyzed, 20,000 inserted since): on the relay's claiming
+    connection a claim reads the pending index in id order from the pass's last id and updates through the
+    primary key; no sequential or bitmap scan, whose cost grows with the table and the backlog (unpinned, the
+    same statement is planned as a hash join over a sequential scan of outbox_events). The mark is an index
+    scan of the batch's ids."""
+    from batch_assets.domains.outbox import sql
+    from batch_assets.domains.outbox.relay import _claiming
+
+    insert = ("INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+              "SELECT gen_random_uuid(), 'age_category_changed', '{}'::jsonb FROM generate_series(1, %(n)s)")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(insert, {"n": 100})
+        conn.exec_driver_sql("ANALYZE outbox_events")
+        conn.exec_driver_sql(insert, {"n": 20_000})
+    explain = sa.text("EXPLAIN (FORMAT JSON) " + sql.CLAIM_BATCH.text).bindparams(
+        sa.bindparam("lease_s", type_=sa.Float), sa.bindparam("after", type_=sa.BigInteger))
+    params = {"limit": 500, "max_bytes": 8 << 20, "owner": "relay-t", "lease_s": 60.0, "after": 0}
+    scans = {"Seq Scan", "Bitmap Heap Scan", "Bitmap Index Scan"}
+    with engine.connect() as conn:
+        unpinned = _plan_nodes(conn.execute(explain, params).scalar_one()[0]["Plan"])
+        conn.rollback()
+    assert scans & {node for node, _ in unpinned}, f"the unpinned plan no longer scans the table: {unpinned}"
+    with _claiming(engine) as conn:
+        pinned = _plan_nodes(conn.execute(explain, params).scalar_one()[0]["Plan"])
+        mark = sa.text("EXPLAIN (FORMAT JSON) " + sql.MARK_SENT.text)
+        marked = _plan_nodes(conn.execute(mark, {"ids": list(range(10_001, 10_501)), "owner": "relay-t"})
+                             .scalar_one()[0]["Plan"])
+    assert not scans & {node for node, _ in pinned}, pinned
+    assert ("Index Scan", "outbox_events_pending_idx") in pinned and ("Index Scan", "outbox_events_pkey") in pinned
+    assert not scans & {node for node, _ in marked}, marked
+    with engine.connect() as conn:  # the pin is the claiming session's only: reset before it went back
+        assert conn.exec_driver_sql("SHOW enable_hashjoin").scalar_one() == "on"
+
+
+def test_an_event_that_commits_late_below_the_pass_is_sent_by_the_next_pass(engine: sa.Engine) -> None:
+    """A pass claims from its last id onwards; an event whose id is lower but whose transaction commits while the
+    pass runs is left PENDING by that pass and sent by the next one (which starts again at the first id)."""
+    with engine.connect() as late:
+        late.begin()
+        late_id = late.exec_driver_sql(
+            "INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+            "VALUES (gen_random_uuid(), 'age_category_changed', '{}'::jsonb) RETURNING id").scalar_one()
+        _add_events(engine, 30)
+        sink = RecordingSink(during_send=late.commit)  # commits while the first batch is with the sink
+        first = relay_outbox(engine, sink=sink, batch_size=10)
+    assert first.sent == 30 and late_id not in sink.received
+    assert _statuses(engine) == {"SENT": 30, "PENDING": 1}
+    second = relay_outbox(engine, sink=sink, batch_size=10)
+    assert second.sent == 1 and sink.received[-1] == late_id
+    assert _statuses(engine) == {"SENT": 31}

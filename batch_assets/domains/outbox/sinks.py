@@ -59,8 +59,15 @@ class Sink(Protocol):
         """Release the connection (idempotent)."""
 
 
+_BODY = '{"id":%d,"idempotency_key":"%d","aggregate_id":%s,"event_type":%s,"payload":%s,"created_at":"%s"}'
+_quote = json.encoder.encode_basestring_ascii
+
+
 def body_of(event: OutboxEvent) -> bytes:
-    return json.dumps(event.to_message(), separators=(",", ":")).encode()
+    """The message of `event` as JSON bytes: `OutboxEvent.to_message`, with the stored payload's JSON text spliced
+    in as PostgreSQL rendered it (no decode and re-encode per event)."""
+    return (_BODY % (event.id, event.id, _quote(event.aggregate_id), _quote(event.event_type), event.payload_json,
+                     event.created_at.isoformat())).encode()
 
 
 # --- file and Redis ----------------------------------------------------------------------------
@@ -74,7 +81,7 @@ class JsonLinesSink:
 
     def send_batch(self, events: Sequence[OutboxEvent]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = "".join(json.dumps(e.to_message(), separators=(",", ":")) + "\n" for e in events)
+        lines = "".join(body_of(e).decode() + "\n" for e in events)
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(lines)
             fh.flush()
@@ -112,7 +119,7 @@ class RedisStreamSink:
                     "idempotency_key": str(e.id),
                     "aggregate_id": e.aggregate_id,
                     "event_type": e.event_type,
-                    "payload": json.dumps(e.payload, separators=(",", ":")),
+                    "payload": e.payload_json,
                     "created_at": e.created_at.isoformat(),
                 },
             )
