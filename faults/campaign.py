@@ -57,11 +57,12 @@ FAULT_LABEL = {
     "broker_mute": "broker confirm never arrives (timeout)",
     "broker_down": "broker unreachable before the first batch",
     "broker_stop": "broker stopped mid-batch, started again",
+    "host_lost": "kill -9 of every process of one host (of 3, namespaces)",
 }
 BROKER_FAULTS = ("broker_down", "broker_cut", "broker_mute", "broker_stop")
 BROKERS = ("rabbitmq", "nats")
 JOB_LABEL = {"sweep": "sweep", "queue": "queue drain (3 workers)", "expiry": "subscriptions expire",
-             "relay": "outbox relay"}
+             "relay": "outbox relay", "hosts": "celery sweep and queue workers on 3 hosts (faults/hosts.py)"}
 
 
 def _secs(value: float | None) -> str:
@@ -207,6 +208,7 @@ class Campaign:
         self.dobs: set[str] = set()
         self.drain_flag: list[str] = []
         self.skipped: list[str] = []
+        self.hosts: list[Any] = []  # faults.hosts.Scenario of the several-hosts fault, when it ran
         self._next_db = 0
 
     # -- services ------------------------------------------------------------------------
@@ -414,6 +416,8 @@ class Campaign:
                 self._expiry_fault(spec, res)
             elif spec.job == "relay":
                 self._relay_fault(spec, res)
+            elif spec.job == "hosts":
+                self._hosts_fault(res)
         except Exception as exc:  # one broken scenario is reported and the campaign goes on
             res.error = f"{type(exc).__name__}: {str(exc)[:300]}"
         finally:
@@ -933,6 +937,35 @@ $$""")
         engine.dispose()
         self.pg.drop_database(db)
 
+    # -- several hosts (issue 20): the rig of faults/hosts.py on the campaign's PostgreSQL ------
+
+    def _hosts_fault(self, res: FaultResult) -> None:
+        """The sweep and queue scenarios of faults/hosts.py (network, pid and uts namespaces per host) against the
+        campaign's server; their timelines and checks go into the report (`hosts` below)."""
+        from faults import hosts
+
+        self.hosts = hosts.run(rows=hosts.DEFAULT_ROWS, ranges=hosts.DEFAULT_RANGES, payments=hosts.DEFAULT_PAYMENTS,
+                               only=None, workdir=self.root / "hosts", database_url=self.pg.app_url("postgres"))
+        sweep = next((sc for sc in self.hosts if sc.name == "sweep"), None)
+        res.injected = sweep is not None and any(e[1] == "kill -9" for e in sweep.timeline.events)
+        res.injected_note = "; ".join(f"{sc.name}: {d}" for sc in self.hosts for _, w, d in sc.timeline.events
+                                      if w == "kill -9")
+        for sc in self.hosts:
+            res.report.merge(sc.report)
+            for c in sc.checks:
+                if not c.ok:
+                    res.report.add("hosts_check_failed", f"{sc.name}: {c.name}: {c.detail[:200]}")
+            if sc.error:
+                res.error = f"{sc.name}: {sc.error}"
+        resumed = [c for sc in self.hosts for c in sc.checks if c.name.startswith("the next run resumes")]
+        res.recovered = bool(resumed) and all(c.ok for c in resumed)
+        if sweep is not None and sweep.timeline.zero is not None:
+            done = [at for at, what, _ in sweep.timeline.events if what == "next run done"]
+            res.recovery_s = done[0] - sweep.timeline.zero if done else None
+            res.recovery_runs = 1 if done else 0
+        res.faulted = "; ".join(f"{sc.name}: {sum(c.ok for c in sc.checks)}/{len(sc.checks)} checks passed"
+                                for sc in self.hosts)
+
     # -- the outbox relay ----------------------------------------------------------------
 
     def _relay_fault(self, spec: FaultSpec, res: FaultResult) -> None:
@@ -1217,7 +1250,16 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
         specs.append(FaultSpec("relay", fault, None, at()))
     if redis:
         specs.append(FaultSpec("relay", "redis_restart_empty", None, at()))
-    return specs + _broker_specs(brokers, at)
+    return specs + _broker_specs(brokers, at) + _hosts_specs()
+
+
+def _hosts_specs() -> list[FaultSpec]:
+    """The several-hosts rig (full campaign only, ~12 min): when this machine can host it (root, ip netns, RabbitMQ)."""
+    from faults.hosts import DEFAULT_AMQP, unavailable_reason
+
+    if unavailable_reason() is not None or not RabbitVhost.available(*DEFAULT_AMQP):
+        return []
+    return [FaultSpec("hosts", "host_lost", None, 0.35, 2)]
 
 
 def _broker_specs(brokers: tuple[str, ...], at: Callable[[], float]) -> list[FaultSpec]:

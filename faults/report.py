@@ -148,6 +148,21 @@ def _tree() -> str:
     return f"`{commit}`" + (" with uncommitted changes" if dirty else "")
 
 
+def hosts_section(c: Campaign) -> list[str]:
+    """The several-hosts fault (faults/hosts.py): its timelines and checks; docs/hosts.md is the rig's own report."""
+    from faults.hosts import render_scenario
+
+    out = ["## Several hosts", "",
+           "A host lost in the middle of a range, and queue workers on several hosts: three test hosts (network, pid",
+           "and uts namespaces), one killed with `kill -9` of every process. [docs/hosts.md](hosts.md) is the same",
+           "rig's own report (`make hosts`), with the commit it ran on.", ""]
+    if not c.hosts:
+        return out + ["Not run in this campaign (quick, filtered out, or the machine cannot host namespaces)."]
+    for sc in c.hosts:
+        out += render_scenario(sc, level=3)
+    return out
+
+
 def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str:
     results = c.results
     injected = [r for r in results if r.injected]
@@ -238,6 +253,7 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
     ]
     hits = c.secrets.get("hits", [])
     out += ([f"- **found**: {h}" for h in hits] if hits else ["Nothing found."])
+    out += ["", *hosts_section(c)]
     if c.skipped:
         out += ["", "## Skipped", ""] + [f"- {s}" for s in c.skipped]
     return "\n".join(out) + "\n"
