@@ -30,6 +30,11 @@ UI_ARGS ?=
 ui: $(STAMP)
 	$(BIN)/batch-assets ui $(UI_ARGS)
 
+# The README's UI screenshots (docs/screenshots), retaken by the UI test in headless Chromium (tests/ui).
+.PHONY: screenshots
+screenshots: $(STAMP)
+	BATCH_ASSETS_SCREENSHOTS=docs/screenshots $(BIN)/python -m pytest -q -p no:cacheprovider tests/ui -k screenshots
+
 clean:
 	rm -rf $(VENV) .batch_assets
 
