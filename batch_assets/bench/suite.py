@@ -225,6 +225,11 @@ def _measure_sweeps(report: dict[str, Any], options: BenchOptions, engine: sa.En
               skipped_by_pre_check=cc["scanned"] - cc["decrypted"])
     sweep["config_change"] = cc
 
+    from batch_assets.bench import declared
+
+    say.next(f"declared form of the customer-status rule (SweepComponent) vs the plug-in, {workers} worker(s)")
+    report["declared"] = declared.measure(engine, counter, cipher, run_date, workers, say)
+
 
 def _add_floor_ratios(report: dict[str, Any]) -> None:
     """Product time ÷ floor time for the same scenario (below 1: the product is faster than one stream)."""

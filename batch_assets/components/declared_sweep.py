@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -176,9 +177,15 @@ class DeclaredSweep(Sweep):
             others.append(target.due)
         self.read: tuple[Column, ...] = (key, *others)
         position = {c.name: i for i, c in enumerate(self.read)}
-        self._given = tuple((name, position[name]) for name in target.columns)
         self._writes = tuple((name, position[name]) for name in target.writes)
         self._write_set = frozenset(target.writes)
+        # The hot path (per row) in C: the declared columns as a mapping, the stored values of the writes.
+        self._names = tuple(target.columns)
+        given = tuple(position[name] for name in target.columns)
+        # Declared columns that are the row's first ones, in order (the key first): zip reads them as they are.
+        self._given = None if given == tuple(range(len(given))) else _picker(given)
+        self._stored = _picker(tuple(i for _, i in self._writes))
+        self._new = _picker(tuple(target.writes))
         by_due = target.due is not None and target.due.name not in target.sensitive
         sql = _statements(target, self.read, by_due)
         self._sql = sql
@@ -196,7 +203,8 @@ class DeclaredSweep(Sweep):
     # Computing -------------------------------------------------------------
 
     def compute(self, row: Any) -> RowOutcome:
-        given = {name: row[i] for name, i in self._given}
+        pick = self._given
+        given = dict(zip(self._names, row if pick is None else pick(row)))  # noqa: B905 — the row may be longer
         try:
             result = self._compute(given, self.run_date)
         except RowFailure as failure:
@@ -210,13 +218,13 @@ class DeclaredSweep(Sweep):
         except Exception as exc:  # noqa: BLE001 — the team's function: any defect is counted, systemic
             log.warning("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
-        if not isinstance(result, Mapping) or result.keys() != self._write_set:
+        if not (type(result) is dict or isinstance(result, Mapping)) or result.keys() != self._write_set:
             got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
             log.warning("sweep %s: compute must return exactly %s, got %s for %s", self.name,
                         sorted(self._write_set), got, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
-        new = tuple(result[name] for name, _ in self._writes)
-        if all(value == row[i] for value, (_, i) in zip(new, self._writes, strict=True)):
+        new = self._new(result)
+        if new == self._stored(row):
             return UNCHANGED
         return RowOutcome((row, new))
 
@@ -231,6 +239,14 @@ class DeclaredSweep(Sweep):
             params[f"n{j}"] = [_param(column, o.change[1][j]) for o in changed]
         rows, events, conflicts = conn.execute(self._sql["write"], params).one()
         return WriteCounts(int(rows), int(events), conflicts=int(conflicts))
+
+
+def _picker(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """`lambda x: tuple(x[k] for k in keys)`, in C (operator.itemgetter; a 1-tuple for one key)."""
+    if len(keys) == 1:
+        (only,) = keys
+        return lambda x: (x[only],)
+    return operator.itemgetter(*keys)
 
 
 def _param(column: Column, value: Any) -> Any:

@@ -1,0 +1,53 @@
+"""The bench's declared section (issue 17): the declared form of the customer-status rule computes what the
+hand-written plug-in computes, on the same rows, and the section reports both side by side (speed is judged
+only by `batch-assets bench`' report, never here)."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+
+import sqlalchemy as sa
+
+from batch_assets.bench import declared, scratch, sweeps
+from batch_assets.domains.customer_status.seed import seed_customers
+
+RUN_DATE = date(2026, 12, 1)
+
+
+def stored(engine: sa.Engine) -> dict[Any, tuple[Any, Any]]:
+    with engine.connect() as conn:
+        return {r.id: (r.age_category, r.next_review_date) for r in conn.execute(sa.text(
+            "SELECT id, age_category, next_review_date FROM customers WHERE status = 'ACTIVE'"))}
+
+
+def test_declared_form_computes_what_the_plugin_computes(engine: sa.Engine, cipher: Any) -> None:
+    seed_customers(engine, cipher, 3000, run_date=RUN_DATE, seed=17, bad_fraction=0.02)
+    scratch.reset_to_first_computation(engine)
+    plugin = sweeps.run_sweep(engine, cipher, "full", RUN_DATE, 2)
+    by_plugin = stored(engine)
+    scratch.reset_to_first_computation(engine)
+    form = declared.run_declared(engine, cipher, RUN_DATE, 2)
+    by_declared = stored(engine)
+    assert form["scanned"] == plugin["scanned"] == 3000
+    assert form["failed"] == plugin["failed"] > 0, "the same rows fail, as RowFailure of the same kinds"
+    for kind in ("missing_data", "decrypt_failure", "invalid_value"):
+        assert form["failed_by_type"].get(kind, 0) == plugin["failed_by_type"].get(kind, 0), kind
+    computed = {k: v for k, v in by_plugin.items() if v[0] is not None}
+    assert computed and all(by_declared[k] == v for k, v in computed.items()), "the same category and date"
+    again = declared.run_declared(engine, cipher, RUN_DATE, 2)
+    assert again["changed"] == 0 and again["unchanged"] == 3000 - again["failed"]
+
+
+def test_the_bench_section_reports_both_forms(engine: sa.Engine, cipher: Any) -> None:
+    seed_customers(engine, cipher, 1500, run_date=RUN_DATE, seed=18)
+    lines: list[str] = []
+    section = declared.measure(engine, scratch.StatementCounter(engine), cipher, RUN_DATE, 2, lines.append)
+    for phase in ("first_computation", "steady_state"):
+        plugin, form = section[f"plugin_{phase}"], section[f"declared_{phase}"]
+        assert plugin["scanned"] == form["scanned"] == 1500
+        assert section[f"ratio_{phase}"] == round(form["sweep_s"] / plugin["sweep_s"], 3)
+    assert section["declared_first_computation"]["changed"] == 1500
+    assert section["declared_steady_state"]["changed"] == 0
+    assert section["declared_first_computation"]["data_statements_per_page"] <= 2, "one read + one write per page"
+    assert isinstance(section["within_1_15x"], bool) and len(lines) == 6
