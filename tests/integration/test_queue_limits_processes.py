@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from helpers import LimitsStub, WorkerProcess, wait_for
 
 from batch_assets.domains.payments import queue
+from batch_assets.domains.payments.rate_bench import window_counts
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -55,20 +56,6 @@ def _workers(n: int, db_url: str, stub: LimitsStub, knobs: dict[str, Any], tmp_p
             worker.kill_group()
 
 
-def _window_counts(times: list[float], window: float = 1.0) -> list[int]:
-    """Calls in [t, t + window) for every call time t whose window ends by the last call."""
-    times = sorted(times)
-    counts, j = [], 0
-    for i, start in enumerate(times):
-        if start + window > times[-1]:
-            break
-        j = max(j, i)
-        while j < len(times) and times[j] < start + window:
-            j += 1
-        counts.append(j - i)
-    return counts
-
-
 def test_three_workers_keep_together_to_one_rate_limit(db_url: str, engine: sa.Engine, tmp_path: Path) -> None:
     """3 worker processes at rate_limit_per_s 25 (each could call hundreds a second): every 1 s window of the
     limits service's calls holds 25 ± 10%, all three workers call, and every payment is DONE once."""
@@ -80,7 +67,7 @@ def test_three_workers_keep_together_to_one_rate_limit(db_url: str, engine: sa.E
             wait_for(lambda: _statuses(engine).get("DONE") == total, timeout=60, what="every payment DONE")
             summaries = [worker.stop() for worker in workers]
         times = list(stub.times)
-    counts = _window_counts(times)
+    counts = window_counts(times)
     assert len(counts) > 100
     assert rate * 0.9 <= min(counts) and max(counts) <= rate * 1.1, (min(counts), max(counts))
     assert all(s["changed"] > 0 for s in summaries), summaries  # the limit was shared, not held by one worker

@@ -10,7 +10,8 @@ migrations applied:
    product's SQL (also reported with synchronous_commit = off, the product's setting);
 3. pickup latency: an idle resident worker, a row INSERTed by another connection, time until
    the handler is called (p50 / p99);
-4. an HTTP stub on 127.0.0.1 answering after 50 ms, the default handler at concurrency 64.
+4. an HTTP stub on 127.0.0.1 answering after 50 ms, the default handler at concurrency 64;
+5. the rate limit's accuracy across the worker processes and its cost (`rate_bench`).
 
 Its rows carry ids with a random 64-bit prefix, so it deletes exactly what it inserted. It
 refuses to start while other payments are NEW or PROCESSING (its workers would process them).
@@ -181,6 +182,12 @@ def run_queue_bench(
         rows.insert(http_payments)
         http_s, http_calls = _http_stub_case(ctx, url)
         http_done, http_total, http_max_attempts = rows.state()
+        rows.delete()
+
+        from batch_assets.domains.payments.rate_bench import run_rate_bench
+
+        rate_limit = run_rate_bench(ctx, url, rows, processes=WORKER_PROCESSES, quick=quick, payments=payments,
+                                    progress=say)
     finally:
         rows.delete()
     product_per_s = payments / product_s
@@ -214,6 +221,7 @@ def run_queue_bench(
         "floor_async_commit_per_s": round(payments / floor_async_s, 1),
         "ratio_async_commit": round(product_per_s / (payments / floor_async_s), 3),
         "floor_batch": FLOOR_BATCH,
+        "rate_limit": rate_limit,
         "quick": quick,
     }
 

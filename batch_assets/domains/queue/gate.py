@@ -64,6 +64,8 @@ class CallGate:
             self._beating.cancel()
             await asyncio.gather(self._beating, return_exceptions=True)
         try:
+            if self.rate is not None:
+                await self.rate.aclose()
             if self.slots is not None:
                 # Bounded: during an outage the slots' lease gives them back instead.
                 with contextlib.suppress(TimeoutError):

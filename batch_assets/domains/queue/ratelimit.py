@@ -10,11 +10,12 @@ reserve a long stretch the others then wait behind.
 
 In a worker, each lane awaits `acquire()` before its call. The lanes' requests are batched: one
 statement asks for as many slots as lanes wait, or for a tenth of a second's worth (`PREFETCH_S`, at
-most one per lane) when that is more; when none fit within the horizon the server answers when they
-will, and the worker sleeps until then (no spinning). A slot no lane took within `STALE_S` of its
-time is dropped, not used late, so late calls never bunch up: over any window of w seconds the calls
-number at most rate x (w + STALE_S) + 1. Times are the server's (`clock_timestamp()`), so the
-hosts' clocks need not agree.
+most one per lane) when that is more, and the next one goes out when half of those are used (read
+ahead). When none fit within the horizon the server answers when they will, and the worker sleeps
+until then (no spinning). A slot no lane took within `STALE_S` of its time is dropped, not used
+late, so late calls never bunch up: over any window of w seconds the calls number at most
+rate x (w + STALE_S) + 1. Times are the server's (`clock_timestamp()`), so the hosts' clocks need
+not agree.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ PREFETCH_S = 0.1
 """A statement reserves at least this much of the rate (at most one slot per lane)."""
 STALE_S = 0.05
 """A reserved slot is used at most this long after its time, else dropped."""
+EARLY_S = 0.001
+"""A call this close to its slot starts at once: a timer per call would cost more than the 0.1% it can add."""
 HORIZON_S = 1.0
 """Slots are reserved at most this far ahead (2 slots when the rate is below 2/s): a worker that stops wastes
 at most this much of the rate."""
@@ -83,6 +86,7 @@ class RateLimiter:
         self.waiting = 0
         self.stats = RateStats()
         self._taking = asyncio.Lock()
+        self._refill: asyncio.Task[None] | None = None
 
     async def acquire(self) -> None:
         """Wait for this worker's next call slot (a database round trip when it holds none)."""
@@ -102,10 +106,25 @@ class RateLimiter:
             at = self.slots.popleft()
         finally:
             self.waiting -= 1
+        if (len(self.slots) < self.prefetch // 2 and not self._taking.locked()
+                and (self._refill is None or self._refill.done())):
+            # Read ahead: the next run of slots is on its way before the lanes run out of them.
+            self._refill = loop.create_task(self._take_locked())
         delay = at - loop.time()
-        if delay > 0:
+        if delay > EARLY_S:
             await asyncio.sleep(delay)
         self.stats.waited_s += loop.time() - started
+
+    async def _take_locked(self) -> None:
+        async with self._taking:
+            if len(self.slots) < self.prefetch // 2:  # a lane may have fetched meanwhile
+                await self._take()
+
+    async def aclose(self) -> None:
+        """Stop a read-ahead in progress (its slots, if any, go unused)."""
+        if self._refill is not None:
+            self._refill.cancel()
+            await asyncio.gather(self._refill, return_exceptions=True)
 
     async def _take(self) -> None:
         """Reserve slots for the lanes waiting now; when none fit, sleep until the server says they will."""
