@@ -19,7 +19,15 @@ from batch_assets.domains.queue.settings import MAX_BATCH, MAX_CONCURRENCY, MAX_
 from batch_assets.domains.queue.worker import run_worker
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.config import JobConfig, count_field, seconds_field
-from batch_assets.orchestration.ops import config_failure, finish, run_in_thread, stop_on_interrupt, utcnow
+from batch_assets.orchestration.ops import (
+    config_failure,
+    config_of,
+    config_schema_of,
+    finish,
+    run_in_thread,
+    stop_on_interrupt,
+    utcnow,
+)
 from batch_assets.orchestration.progress import OpProgress
 from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.orchestration.spec import JobSpec
@@ -72,13 +80,13 @@ def queue_job_spec(declaration: QueueDeclaration, *, source: str = "") -> JobSpe
     """The op and job of one declared queue."""
     name = declaration.name
 
-    @dg.op(name=f"work_{name}_queue", tags={"kind": "queue"})
-    def work(context: dg.OpExecutionContext, config: QueueWorkConfig, database: DatabaseResource) -> dict:
+    @dg.op(name=f"work_{name}_queue", tags={"kind": "queue"}, config_schema=config_schema_of(QueueWorkConfig))
+    def work(context: dg.OpExecutionContext, database: DatabaseResource) -> dict:
         """Process due rows: until nothing is due (drain), or resident until stopped or max_seconds."""
         started_at = utcnow()
         engine = database.get_engine(min_pool_size=4)
-        try:  # a table lacking a column, or a handler that cannot be imported: the run fails before any claim
-            plan = config.plan(declaration.settings)
+        try:  # a bad field, a table lacking a column, a handler that cannot be imported: failed before any claim
+            plan = config_of(QueueWorkConfig, context).plan(declaration.settings)
             store = declaration.checked_store(engine, source=source)
             handler = declaration.make_handler(plan.engine)
         except ConfigError as exc:

@@ -3,8 +3,9 @@
 The model knows no Dagster: `components.table_queue.TableQueueComponent` is this model as a Dagster
 component, and the payments queue is one instance of it (`domains.payments.declaration.PAYMENTS_QUEUE`).
 
-    name, table, key, columns, handler, max_attempts, backoff: {base_s, max_s}, rate_limit_per_s, concurrency,
-    priority (optional: the column of a higher-first priority with aging; none = oldest due first)
+    name, table, key, columns, handler, max_attempts, backoff: {base_s, max_s, jitter?}, rate_limit_per_s,
+    concurrency, priority (optional: the column of a higher-first priority with aging; none = oldest due first),
+    max_in_flight (optional: calls in flight across all workers), claim_lease_s (optional)
 
 `handler` is `module:function`. A plain function is called once per row with the declared columns as
 keyword arguments plus `attempts` (returning = DONE, `PermanentFailure` = FAILED at once, any other
@@ -14,6 +15,7 @@ the run's `QueueSettings` and returns a handler object (how the payments keep th
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -47,12 +49,20 @@ class Backoff(BaseModel):
     # Plain annotations (bounds checked below): Dagster's resolution takes a nested model's fields as they are.
     base_s: float = 60
     max_s: float = 3600
+    jitter: float = 0.1  # each delay is drawn within ±jitter of itself (0: none), so retries do not come in step
 
     @field_validator("base_s", "max_s")
     @classmethod
     def _seconds(cls, value: float) -> float:
         if not 0 < value <= 7 * 86_400:
             raise ValueError(f"must be > 0 and <= 604800 (7 days), got {value!r}")
+        return value
+
+    @field_validator("jitter")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        if not 0 <= value <= 1:
+            raise ValueError(f"must be within 0..1, got {value!r}")
         return value
 
     @model_validator(mode="after")
@@ -78,6 +88,10 @@ class QueueDeclaration(BaseModel):
     rate_limit_per_s: float | None = Field(default=None, gt=0, le=1_000_000,
                                            description="handler calls per second across all workers")
     concurrency: int = Field(default=8, ge=1, le=MAX_CONCURRENCY, description="handler calls in flight per worker")
+    max_in_flight: int | None = Field(default=None, ge=1, le=10_000,
+                                      description="optional: handler calls in flight across all workers")
+    claim_lease_s: float | None = Field(default=None, ge=3, le=86_400,
+                                        description="optional: claim lease, renewed every lease/3 while held (30)")
     priority: str | None = Field(default=None, description="optional smallint/integer column: higher first, aging")
 
     @field_validator("name")
@@ -136,10 +150,14 @@ class QueueDeclaration(BaseModel):
         base: dict[str, Any] = {
             "max_attempts": self.max_attempts, "backoff_base_s": self.backoff.base_s,
             "backoff_max_s": self.backoff.max_s, "concurrency": self.concurrency,
-            "rate_limit_per_s": self.rate_limit_per_s,
+            "rate_limit_per_s": self.rate_limit_per_s, "max_in_flight": self.max_in_flight,
+            "claim_lease_s": self.claim_lease_s, "backoff_jitter": self.backoff.jitter,
         }
         base.update({k: v for k, v in overrides.items() if v is not None and v != 0})
-        return QueueSettings.build(**base)
+        settings = QueueSettings.build(**base)
+        if self.backoff.jitter == 0:  # build() takes 0 as "the default"; here it means no jitter
+            settings = dataclasses.replace(settings, backoff_jitter=0.0)
+        return settings
 
     def function(self) -> Callable[..., Any]:
         """The handler's function (ConfigError naming `handler` when it cannot be imported)."""
