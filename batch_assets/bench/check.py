@@ -112,6 +112,8 @@ def _check_sweep(c: Checker, report: dict[str, Any], rows: int, workers: list[in
                f"sweep.delta_500_due must read and change the 500 due rows, got scanned={delta.get('scanned')} "
                f"changed={delta.get('changed')}")
         c.positive(delta, "sweep_s", "sweep.delta_500_due")
+    _check_permille_delta(c, sweep, rows, workers)
+    _check_growth(c, sweep, rows, workers)
     cc = c.section(sweep, "config_change", "sweep")
     if cc:
         c.that(cc.get("scanned") == rows, f"sweep.config_change.scanned is {cc.get('scanned')}, not {rows}")
@@ -122,6 +124,39 @@ def _check_sweep(c: Checker, report: dict[str, Any], rows: int, workers: list[in
                "sweep.config_change.changed must be positive and at most the rows decrypted")
         c.that(cc.get("workers") in workers, "sweep.config_change.workers is not one of report.workers")
         c.positive(cc, "rows_per_s", "sweep.config_change")
+
+
+def _check_permille_delta(c: Checker, sweep: dict[str, Any], rows: int, workers: list[int]) -> None:
+    """The 0.1%-due delta (issue 20) of each worker count, in reports that have it: it reads and changes exactly
+    the rows // 1000 rows made due."""
+    due = max(1, rows // 1000)
+    for w in workers:
+        entry = sweep.get(f"delta_0_1pct_due_w{w}")
+        if entry is None:
+            continue
+        where = f"sweep.delta_0_1pct_due_w{w}"
+        c.that(entry.get("scanned") == due and entry.get("changed") == due,
+               f"{where} must read and change the {due} due rows, got scanned={entry.get('scanned')} "
+               f"changed={entry.get('changed')}")
+        c.positive(entry, "sweep_s", where)
+
+
+def _check_growth(c: Checker, sweep: dict[str, Any], rows: int, workers: list[int]) -> None:
+    """The tables each full sweep left (reports that have them): a first computation updates each row once and
+    inserts one event per row; a steady state writes no tuple at all (no row rewritten unchanged)."""
+    for w in workers:
+        for kind, expected in (("first_computation", rows), ("steady_state", 0)):
+            name = render.sweep_key(kind, w)
+            tables = (sweep.get(name) or {}).get("tables")
+            if not tables:
+                continue
+            customers, outbox = tables.get("customers") or {}, tables.get("outbox_events") or {}
+            c.that(customers.get("updated") == expected,
+                   f"sweep.{name}.tables.customers.updated is {customers.get('updated')}, expected {expected}")
+            c.that(outbox.get("inserted") == expected,
+                   f"sweep.{name}.tables.outbox_events.inserted is {outbox.get('inserted')}, expected {expected}")
+            c.that(0 <= customers.get("hot_updated", -1) <= customers.get("updated", -1),
+                   f"sweep.{name}.tables.customers.hot_updated must be between 0 and updated")
 
 
 def _check_references(c: Checker, report: dict[str, Any], rows: int) -> None:

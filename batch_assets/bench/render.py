@@ -99,6 +99,11 @@ def sweep_table(report: dict[str, Any]) -> list[str]:
     if delta:
         cells = [f"{seconds(delta['sweep_s'])} ({delta['scanned']:,} rows read)"] + ["–"] * (len(workers) - 1)
         lines.append(f"| delta, {delta['changed']} due of {n} | " + " | ".join(cells) + " | – | – |")
+    permille = [sweep.get(f"delta_0_1pct_due_w{w}") for w in workers]
+    if any(permille):
+        cells = [f"{seconds(d['sweep_s'])} ({d['scanned']:,} rows read)" if d else "–" for d in permille]
+        changed = next(d["changed"] for d in permille if d)
+        lines.append(f"| delta, 0.1% due ({changed:,} of {n}) | " + " | ".join(cells) + " | – | – |")
     cc = sweep.get("config_change")
     if cc:
         cells = ["–"] * len(workers)
@@ -164,6 +169,24 @@ def checks_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def growth_table(report: dict[str, Any]) -> list[str]:
+    """What each sweep wrote and left (pg_stat_user_tables around it; reports without it show nothing)."""
+    entries = [(name, e["tables"]) for name, e in report["sweep"].items() if isinstance(e, dict) and e.get("tables")]
+    if not entries:
+        return []
+    lines = ["### What each sweep leaves in the tables (before the VACUUM between scenarios)", "",
+             "| scenario | customers updated (HOT) | dead tuples | customers heap + indexes | outbox inserted | "
+             "outbox heap + indexes |", "|---|---:|---:|---:|---:|---:|"]
+    for name, t in entries:
+        c, o = t["customers"], t["outbox_events"]
+        hot = f"{100 * c['hot_updated'] / c['updated']:.0f}%" if c["updated"] else "–"
+        label = name.replace("_0_1pct_", "_0.1%_").replace("_", " ")
+        lines.append(f"| {label} | {c['updated']:,} ({hot}) | {c['dead_tuples']:,} | "
+                     f"{c['heap_mib']:,.0f} + {c['index_mib']:,.0f} MiB | {o['inserted']:,} | "
+                     f"{o['heap_mib']:,.0f} + {o['index_mib']:,.0f} MiB |")
+    return lines
+
+
 def queue_table(report: dict[str, Any]) -> list[str]:
     q = report.get("queue") or {"status": "not measured", "reason": "no queue section in the report"}
     lines = ["### Queue (payments)", ""]
@@ -211,8 +234,8 @@ def outbox_table(report: dict[str, Any]) -> list[str]:
 
 def tables(report: dict[str, Any]) -> str:
     """Every table of the report, as markdown."""
-    parts = [sweep_table(report), startup_table(report), checks_table(report), queue_table(report),
-             outbox_table(report)]
+    parts = [sweep_table(report), startup_table(report), checks_table(report), growth_table(report),
+             queue_table(report), outbox_table(report)]
     return "\n".join("\n".join(p) + "\n" for p in parts if p).rstrip() + "\n"
 
 

@@ -38,6 +38,9 @@ from batch_assets.errors import EXIT_OK, ConfigError
 from batch_assets.settings import Settings
 
 DUE_ROWS = 500
+PERMILLE_DELTA = "delta_0_1pct_due"
+"""Key prefix (+ _w<workers>) of the delta with 0.1% of the rows due (rows // 1000), run with each worker count:
+its cost should follow the due rows, not the table."""
 COMMAND = "batch-assets bench"
 
 
@@ -215,6 +218,12 @@ def _measure_sweeps(report: dict[str, Any], options: BenchOptions, engine: sa.En
     say.next(f"product: delta with {DUE_ROWS} due over {options.rows:,} rows")
     scratch.make_due(engine, run_date, DUE_ROWS)
     sweep["delta_500_due"] = sweeps.measured(engine, counter, cipher, "delta", run_date, 1, say=say, label="delta")
+    permille = max(1, options.rows // 1000)  # issue 20: a delta with 0.1% of the table due, at every size
+    for w in options.workers:
+        say(f"  delta with 0.1% due: {permille:,} of {options.rows:,} rows, {w} worker(s)")
+        scratch.make_due(engine, run_date, permille)
+        sweep[f"{PERMILLE_DELTA}_w{w}"] = sweeps.measured(engine, counter, cipher, "delta", run_date, w, say=say,
+                                                          label=f"delta 0.1%, {w} worker(s)")
 
     workers = max(options.workers)
     change = sweeps.change_rules(engine)

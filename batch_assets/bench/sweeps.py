@@ -15,6 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from batch_assets.bench import growth
 from batch_assets.bench.scratch import StatementCounter
 
 CONFIG_CHANGE_RULES = "MINOR=0,YOUNG_ADULT=21,ADULT=26,SENIOR=65"
@@ -104,10 +105,14 @@ def measured(
     engine: sa.Engine, counter: StatementCounter, cipher: Any, mode: str, run_date: date, workers: int,
     *, say: Say, label: str,
 ) -> dict[str, Any]:
-    """Run one sweep and return its scenario entry, with the statements it sent counted."""
+    """Run one sweep and return its scenario entry, with the statements it sent counted and what it left in the
+    tables it writes (`tables`: tuples inserted, updated, HOT-updated, dead, sizes; see growth)."""
+    before = growth.snapshot(engine)
     counter.take()
     summary = run_sweep(engine, cipher, mode, run_date, workers, say=say, label=label)
-    return scenario(summary, counter.take())
+    entry = scenario(summary, counter.take())
+    entry["tables"] = growth.written(before, growth.snapshot(engine), engine)
+    return entry
 
 
 def change_rules(engine: sa.Engine) -> str:

@@ -74,6 +74,16 @@ def test_quick_bench_writes_a_complete_report_table_and_charts(bench_run: dict[s
     assert sweep["full_first_computation_w1"]["changed"] == ROWS
     assert sweep["full_steady_state_w4"]["changed"] == 0
     assert sweep["delta_500_due"]["changed"] == 500
+    for w in (1, 4):  # issue 20: a delta with 0.1% due at every size, with each worker count
+        assert sweep[f"delta_0_1pct_due_w{w}"]["changed"] == sweep[f"delta_0_1pct_due_w{w}"]["scanned"] == ROWS // 1000
+    # What each sweep left in the tables (pg_stat_user_tables around it): the first computation rewrote every row
+    # once (never HOT: next_review_date is indexed) and inserted one event each; the steady state wrote nothing.
+    first, steady = sweep["full_first_computation_w1"]["tables"], sweep["full_steady_state_w1"]["tables"]
+    assert (first["customers"]["updated"], first["customers"]["hot_updated"]) == (ROWS, 0)
+    assert first["customers"]["dead_tuples"] == ROWS and first["outbox_events"]["inserted"] == ROWS
+    assert steady["customers"]["updated"] == steady["customers"]["dead_tuples"] == 0
+    assert steady["outbox_events"]["inserted"] == 0
+    assert set(first["customers"]["indexes_mib"]) >= {"customers_pkey", "customers_due_idx"}
     assert 0 < sweep["config_change"]["decrypted"] < ROWS
     assert report["references"]["naive"]["sample_rows"] == NAIVE_SAMPLE
     assert report["references"]["floor"]["full_first_computation"]["changed"] == ROWS
@@ -111,6 +121,9 @@ def test_checker_passes_the_run_and_names_a_missing_queue_section(bench_run: dic
         (lambda r: r["sweep"]["config_change"].update(skipped_by_pre_check=0), "decrypted + skipped_by_pre_check"),
         (lambda r: r["references"]["floor"].pop("full_steady_state"), "full_steady_state is missing"),
         (lambda r: r["checks"]["peak_rss"].update(ratio_large_over_small=2.0), "ratio_large_over_small"),
+        (lambda r: r["sweep"]["full_steady_state_w1"]["tables"]["customers"].update(updated=5),
+         "full_steady_state_w1.tables.customers.updated is 5"),
+        (lambda r: r["sweep"]["delta_0_1pct_due_w4"].update(changed=3), "delta_0_1pct_due_w4 must read and change"),
     ],
 )
 def test_checker_finds_an_inconsistent_report(
