@@ -202,3 +202,46 @@ def test_integer_and_bigint_keys_and_a_sensitive_due(engine: sa.Engine, function
             conn.commit()
         assert len(payloads) == 1000 and all(isinstance(p.aggregate_id, uuid.UUID) for p in payloads)
         assert all("next_on" not in p.payload["new"] for p in payloads) and payloads[0].payload["new"]["score"]
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_with_integer_keys(engine: sa.Engine, functions: Path) -> None:
+    """The low watermark of an integer key goes through the checkpoint table as JSON and back: a run stopped
+    halfway (the stop event set by the function itself after 300 rows) resumes after its last finished page."""
+    import threading
+
+    from batch_assets.components.declared_sweep import DeclaredSweep
+    from batch_assets.locking.checkpoint import CheckpointStore
+
+    write_module(functions, "stopper", """
+        import threading
+        STOP = threading.Event()
+        SEEN = []
+
+        def compute(row, run_date):
+            SEEN.append(row["id"])
+            if len(SEEN) == 300:
+                STOP.set()
+            return {"score": row["raw"] + 1}
+    """)
+    import stopper  # type: ignore[import-not-found]
+
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE scored (id bigint PRIMARY KEY, raw int, score int)"))
+        conn.execute(sa.text("INSERT INTO scored (id, raw) SELECT g * 10, g FROM generate_series(1, 1000) AS g"))
+    declared = SweepComponent.from_attributes_dict(attributes={
+        "name": "scored_full", "table": "scored", "key": "id", "columns": ["id", "raw", "score"],
+        "compute": "stopper:compute", "writes": ["score"]})
+    target = declared.target(engine)
+    store = CheckpointStore(engine)
+    settings = SweepSettings(page_size=50, workers=1, window=1, checkpoint_every_s=0.001)
+    ctx = RunContext("run-1", "full", RUN_DATE, fingerprint="f")
+    first = run_sweep(engine, DeclaredSweep(target, "full", RUN_DATE), settings, ctx, checkpoints=store,
+                      stop=stopper.STOP, cursor_range=CursorRange.whole("bigint"))
+    assert first.status == "FAILURE" and first.stopped_reason == "stop requested"
+    assert 300 <= first.scanned < 1000 and isinstance(first.last_cursor, int)
+    second = run_sweep(engine, DeclaredSweep(target, "full", RUN_DATE), settings, ctx, checkpoints=store,
+                       stop=threading.Event(), cursor_range=CursorRange.whole("bigint"))
+    assert second.status == "SUCCESS" and second.resumed_from == first.last_cursor
+    assert first.scanned + second.scanned == 1000, "resumed after the low watermark: no row read twice"
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM scored WHERE score = raw + 1")).scalar_one() == 1000
