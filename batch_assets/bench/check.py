@@ -252,6 +252,26 @@ def _check_queue(c: Checker, report: dict[str, Any], allow_missing: tuple[str, .
     stub = q.get("http_stub") or {}
     for key in ("latency_ms", "concurrency", "payments", "per_s", "target_per_s"):
         c.positive(stub, key, "queue.http_stub")
+    _check_rate_limit(c, q.get("rate_limit"))
+
+
+def _check_rate_limit(c: Checker, rl: Any) -> None:
+    """queue.rate_limit (issue 18) when the report has it: calls made, windows consistent with the limit, a cost."""
+    if rl is None:
+        return
+    if not isinstance(rl, dict):
+        c.that(False, "queue.rate_limit must be an object")
+        return
+    for key in ("limit_per_s", "calls", "achieved_per_s"):
+        c.positive(rl, key, "queue.rate_limit")
+    w = rl.get("window_1s") or {}
+    c.that(0 < w.get("min", 0) <= w.get("max", -1), "queue.rate_limit.window_1s needs 0 < min <= max")
+    if rl.get("limit_per_s"):
+        c.that(close(w.get("max_ratio", -1), w.get("max", 0) / rl["limit_per_s"], 0.01),
+               "queue.rate_limit.window_1s.max_ratio is not max / limit_per_s")
+    cost = rl.get("cost") or {}
+    for key in ("payments", "unlimited_per_s", "limit_far_above_per_s", "ratio"):
+        c.positive(cost, key, "queue.rate_limit.cost")
 
 
 def _check_outbox(c: Checker, report: dict[str, Any]) -> None:

@@ -207,7 +207,22 @@ def queue_table(report: dict[str, Any]) -> list[str]:
         f"{stub['payments']:,} payments) | {rate(stub['per_s'], 'payments/s')} "
         f"(target {rate(stub['target_per_s'], 'payments/s')}) |",
     ]
-    return lines
+    return lines + rate_limit_rows(q.get("rate_limit"))
+
+
+def rate_limit_rows(rl: dict[str, Any] | None) -> list[str]:
+    """The rate limit's accuracy and cost (issue 18), in reports that have them."""
+    if not rl:
+        return []
+    w, cost = rl["window_1s"], rl["cost"]
+    return [
+        f"| `rate_limit_per_s: {rl['limit_per_s']:g}` shared by {rl['worker_processes']} worker processes, "
+        f"{rl['calls']:,} calls | every 1 s window {w['min']}–{w['max']} calls ({w['min_ratio']:.2f}–"
+        f"{w['max_ratio']:.2f}× the limit), {rl['statements_per_call']:.2f} statements per call |",
+        f"| its cost where it does not bind (a limit of {cost['far_above_limit_per_s']:,.0f}/s, "
+        f"{cost['payments']:,} payments) | {rate(cost['limit_far_above_per_s'], 'payments/s')} against "
+        f"{rate(cost['unlimited_per_s'], 'payments/s')} without ({cost['ratio']:.2f}×) |",
+    ]
 
 
 def outbox_table(report: dict[str, Any]) -> list[str]:
