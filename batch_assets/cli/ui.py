@@ -71,7 +71,8 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def _alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
+def still_running(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
+    """Those of `processes` that still run (a zombie counts as gone)."""
     import psutil
 
     alive = []
@@ -84,11 +85,12 @@ def _alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-def _descendants(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below `pid` now (none when it is gone)."""
     import psutil
 
     try:
-        return psutil.Process(proc.pid).children(recursive=True)
+        return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
 
@@ -96,7 +98,7 @@ def _descendants(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
 def _wait_gone(proc: subprocess.Popen[bytes], known: Sequence[psutil.Process], deadline: float) -> bool:
     """Wait (a poll with a deadline) until the child, its group and the `known` descendants are gone."""
     while True:
-        if proc.poll() is not None and not _group_members(proc.pid) and not _alive(known):
+        if proc.poll() is not None and not _group_members(proc.pid) and not still_running(known):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -106,7 +108,7 @@ def _wait_gone(proc: subprocess.Popen[bytes], known: Sequence[psutil.Process], d
 def _kill_rest(proc: subprocess.Popen[bytes], known: Sequence[psutil.Process]) -> None:
     """SIGKILL what is left: the child's process group and any descendant that left it."""
     _signal_group(proc.pid, signal.SIGKILL)
-    for process in _alive(known):
+    for process in still_running(known):
         try:
             process.kill()
         except psutil.Error:
@@ -140,7 +142,7 @@ def run_supervised(cmd: Sequence[str], *, env: Mapping[str, str], cwd: Path, gra
             if not started:
                 return 128 + stop.signum
             proc = started[0]
-            known = _descendants(proc)
+            known = descendants(proc.pid)
             err(f"received {signal.Signals(stop.signum).name}: stopping the Dagster UI (up to {grace_s:.0f}s)")
             # A second signal during the grace period is passed on too, without leaving the wait below.
             for sig in STOP_SIGNALS:
@@ -150,7 +152,7 @@ def run_supervised(cmd: Sequence[str], *, env: Mapping[str, str], cwd: Path, gra
             return 128 + stop.signum
     finally:
         if started:
-            _kill_rest(started[0], [*known, *_descendants(started[0])])
+            _kill_rest(started[0], [*known, *descendants(started[0].pid)])
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -25,8 +25,9 @@ import psutil
 import pytest
 import sqlalchemy as sa
 from helpers import wait_for
-from ui_server import REPO, UiServer, alive
+from ui_server import REPO, UiServer
 
+from batch_assets.cli.ui import still_running
 from batch_assets.crypto import DobCipher
 from batch_assets.domains.customer_status.seed import seed_customers
 
@@ -81,7 +82,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
             try:
                 context.close()
             finally:
-                for process in alive(started):
+                for process in still_running(started):
                     process.kill()
 
 

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import pytest
-from ui_server import UiServer, alive, wait_gone
+from ui_server import UiServer, wait_gone
+
+from batch_assets.cli.ui import still_running
 
 pytestmark = [pytest.mark.dagster, pytest.mark.slow]
 
@@ -29,7 +31,7 @@ def test_the_ui_starts_without_api_notices_and_sigterm_stops_every_process_it_st
 ) -> None:
     with start_ui(make=make) as server:
         processes = server.note_descendants()
-        commands = " ".join(" ".join(p.cmdline()) for p in alive(processes))
+        commands = " ".join(" ".join(p.cmdline()) for p in still_running(processes))
         # dg dev (not the superseded `dagster dev`), with its webserver, daemon and code server under it.
         assert "dagster_dg_cli.cli dev" in commands and "dagster_webserver" in commands, commands
         assert "dagster._daemon" in commands and "code-server" in commands, commands

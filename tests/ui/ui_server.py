@@ -19,6 +19,8 @@ import httpx
 import psutil
 from helpers import wait_for
 
+from batch_assets.cli.ui import descendants, still_running
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".venv" / "bin"
 UP_TIMEOUT_S = 150.0
@@ -32,25 +34,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def alive(processes: Sequence[psutil.Process]) -> list[psutil.Process]:
-    """Those of `processes` still running (a zombie counts as gone)."""
-    left = []
-    for process in processes:
-        try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(process)
-        except psutil.Error:
-            continue
-    return left
 
 
 @dataclass
@@ -76,7 +59,7 @@ class UiServer:
     def note_descendants(self) -> list[psutil.Process]:
         """Record the processes under the server now (to check, and kill, each of them later)."""
         known = {p.pid for p in self.seen}
-        self.seen.extend(p for p in _descendants(self.popen.pid) if p.pid not in known)
+        self.seen.extend(p for p in descendants(self.popen.pid) if p.pid not in known)
         return self.seen
 
     def location_loaded(self) -> bool:
@@ -119,7 +102,7 @@ def ui_process(cmd: Sequence[str], env: dict[str, str], tmp_path: Path, port: in
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        for process in alive(server.seen):
+        for process in still_running(server.seen):
             try:
                 process.kill()
             except psutil.Error:
@@ -130,6 +113,6 @@ def ui_process(cmd: Sequence[str], env: dict[str, str], tmp_path: Path, port: in
 def wait_gone(processes: Sequence[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Poll (with a deadline) until none of `processes` runs; what is still running then."""
     deadline = time.monotonic() + timeout
-    while alive(processes) and time.monotonic() < deadline:
+    while still_running(processes) and time.monotonic() < deadline:
         time.sleep(0.2)  # polling interval of a deadline loop
-    return alive(processes)
+    return still_running(processes)
