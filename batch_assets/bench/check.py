@@ -287,6 +287,7 @@ def _check_outbox(c: Checker, report: dict[str, Any]) -> None:
     brokers = o.get("brokers")
     if not c.that(isinstance(brokers, dict) and bool(brokers), "outbox.brokers is missing"):
         return
+    _check_drain(c, o.get("drain"), report.get("rows", 0))
     for name, entry in brokers.items():
         where = f"outbox.brokers.{name}"
         if entry.get("status") != "measured":
@@ -296,6 +297,26 @@ def _check_outbox(c: Checker, report: dict[str, Any]) -> None:
         if ok:
             c.that(close(entry["ratio"], entry["relay_per_s"] / entry["raw_per_s"], 0.05),
                    f"{where}.ratio is not relay_per_s / raw_per_s")
+
+
+def _check_drain(c: Checker, d: Any, rows: int) -> None:
+    """The drain of a first computation's events (issue 19), in reports that have it: every event SENT, the
+    backlog empty no sooner than the sweep ended, a peak within the events."""
+    if d is None:
+        return
+    if not c.that(isinstance(d, dict), "outbox.drain must be an object"):
+        return
+    if d.get("status") != "measured":
+        c.that(bool(d.get("reason")), "outbox.drain: not measured without a reason")
+        return
+    c.that(d.get("rows") == min(rows, 1_000_000), f"outbox.drain.rows is {d.get('rows')}, not min(rows, 1M)")
+    c.that(d.get("events") == d.get("rows") == d.get("sent"),
+           f"outbox.drain: a first computation of {d.get('rows')} rows must make and send as many events, got "
+           f"events={d.get('events')} sent={d.get('sent')}")
+    for key in ("sweep_s", "drained_s", "events_per_s"):
+        c.positive(d, key, "outbox.drain")
+    c.that(d.get("drained_s", 0) >= d.get("sweep_s", 0), "outbox.drain.drained_s is shorter than the sweep")
+    c.that(0 <= d.get("peak_backlog", -1) <= d.get("events", 0), "outbox.drain.peak_backlog must be in 0..events")
 
 
 def check_outputs(report: dict[str, Any], directory: Path) -> list[str]:

@@ -244,6 +244,15 @@ def outbox_table(report: dict[str, Any]) -> list[str]:
     if ref:
         lines.append(f"| go-outbox's published RabbitMQ figure (reference, not measured here) | "
                      f"{rate(ref, 'msg/s')} | | |")
+    d = o.get("drain")
+    if d and d.get("status") == "measured":
+        lines += ["", f"Drain of a first computation: {d['events']:,} events of a {rows(d['rows'])}-row sweep "
+                      f"({d['workers']} workers, {seconds(d['sweep_s'])}) relayed to {d['broker']} by a follow-mode "
+                      f"relay running beside it: the backlog was empty {seconds(d['drained_s'])} after the sweep "
+                      f"started ({seconds(d['after_sweep_s'])} after it ended; {rate(d['events_per_s'], 'events/s')}), "
+                      f"peak backlog {d['peak_backlog']:,} events."]
+    elif d:
+        lines += ["", f"Drain of a first computation: not measured ({d.get('reason', '?')})."]
     return lines
 
 

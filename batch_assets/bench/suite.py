@@ -11,7 +11,7 @@ Order of a run (each step prints a progress line on stderr):
 4. EXPLAIN of the delta, full-page and payment-claim queries;
 5. Dagster run start-up of a CLI sweep, on its own;
 6. the queue section (payments domain), then the outbox section (events/s to each broker with confirms,
-   beside a raw client loop);
+   beside a raw client loop, and the drain of a first computation's events, up to 1M, on a database of its own);
 7. peak RSS of a whole sweep at N rows and at the small size, each in a fresh process;
 8. the JSON report, the markdown table and the charts under --output-dir.
 """
@@ -32,7 +32,7 @@ import sqlalchemy as sa
 
 from batch_assets.bench import memory, plans, references, render, scratch, startup, sweeps
 from batch_assets.bench.options import STARTUP_RUNS, BenchOptions, options_from
-from batch_assets.bench.outbox import outbox_section
+from batch_assets.bench.outbox import drain_section, outbox_section
 from batch_assets.bench.queue import queue_section
 from batch_assets.errors import EXIT_OK, ConfigError
 from batch_assets.settings import Settings
@@ -138,6 +138,8 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
             report["outbox"] = outbox_section(outbox_engine, quick=options.quick, progress=say)
         finally:
             outbox_engine.dispose()
+        report["outbox"]["drain"] = drain_section(base_url, cipher, run_date, rows=options.rows,
+                                                  workers=max(options.workers), progress=say)
 
         say.next(f"peak RSS of a whole sweep in a fresh process, at {options.rows:,} then {options.small_rows:,} rows")
         large = {"rows": options.rows, **memory.measure_rss(url, key_text, run_date)}

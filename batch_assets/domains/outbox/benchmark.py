@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
-from batch_assets.domains.outbox.relay import RelaySettings, relay_outbox
+from batch_assets.domains.outbox.relay import RelaySettings, backlog, follow_outbox, relay_outbox
 from batch_assets.domains.outbox.sinks import NatsJetStreamSink, RabbitMQSink
 
 DEFAULT_BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672/%2F", "nats": "nats://127.0.0.1:4222"}
@@ -108,13 +109,7 @@ async def _raw_nats(url: str, n: int, batch: int) -> float:
 
 def _relay_through(engine: sa.Engine, kind: str, url: str, n: int, batch: int) -> float:
     """Seconds to relay n PENDING events through the product's sink of `kind` (names of this run's own)."""
-    suffix = uuid.uuid4().hex[:8]
-    if kind == "rabbitmq":
-        name = f"batch_assets.bench.relay.{suffix}"
-        sink: Any = RabbitMQSink(url, exchange=name, queue=name, timeout_s=30)
-    else:
-        name = f"BA_BENCH_RELAY_{suffix}"
-        sink = NatsJetStreamSink(url, stream=name, subject=name, timeout_s=30)
+    sink, name = _bench_sink(kind, url)
     _insert_events(engine, n)
     try:
         started = time.perf_counter()
@@ -127,6 +122,83 @@ def _relay_through(engine: sa.Engine, kind: str, url: str, n: int, batch: int) -
         sink.close()
     _drop(kind, url, name)
     return elapsed
+
+
+def _bench_sink(kind: str, url: str) -> tuple[Any, str]:
+    """The product's sink of `kind` under names of this run's own, and that name (for `_drop`)."""
+    suffix = uuid.uuid4().hex[:8]
+    if kind == "rabbitmq":
+        name = f"batch_assets.bench.relay.{suffix}"
+        return RabbitMQSink(url, exchange=name, queue=name, timeout_s=30), name
+    name = f"BA_BENCH_RELAY_{suffix}"
+    return NatsJetStreamSink(url, stream=name, subject=name, timeout_s=30), name
+
+
+def drain_broker(brokers: Mapping[str, str] = DEFAULT_BROKERS) -> tuple[str, str] | None:
+    """The broker a drain goes to: the first that answers, NATS first (the faster with confirms), or None."""
+    for kind in ("nats", "rabbitmq"):
+        url = brokers.get(kind)
+        if url and _reachable(url):
+            return kind, url
+    return None
+
+
+class Drain:
+    """A follow-mode relay draining the outbox into a broker (names of its own, deleted at the end) while the
+    caller produces events, with the backlog sampled meanwhile: `peak_backlog`, and `wait_empty` for the end."""
+
+    SAMPLE_S = 1.0
+
+    def __init__(self, engine: sa.Engine, kind: str, url: str, batch_size: int = BATCH_SIZE) -> None:
+        self.engine, self.kind, self.url = engine, kind, url
+        self.sink, self.name = _bench_sink(kind, url)
+        self.settings = RelaySettings(batch_size=batch_size, send_timeout_s=30, poll_s=0.5)
+        self.peak_backlog = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._results: list[Any] = []
+        self._relay = threading.Thread(target=self._follow, name="bench-drain-relay", daemon=True)
+        self._sampler = threading.Thread(target=self._sample, name="bench-drain-backlog", daemon=True)
+
+    def _follow(self) -> None:
+        self._results.append(follow_outbox(self.engine, sink=self.sink, owner="bench-drain", settings=self.settings,
+                                           stop=self._stop))
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self._observe()
+            self._stop.wait(self.SAMPLE_S)
+
+    def _observe(self) -> int:
+        pending, _ = backlog(self.engine)
+        self.peak_backlog = max(self.peak_backlog, pending)
+        self.samples += 1
+        return pending
+
+    def __enter__(self) -> Drain:
+        self._relay.start()
+        self._sampler.start()
+        return self
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        """Poll the backlog until it is 0 (True) or the deadline passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._observe() == 0:
+                return True
+            self._stop.wait(0.2)
+        return False
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._relay.join(timeout=60)
+        self._sampler.join(timeout=10)
+        self.sink.close()
+        _drop(self.kind, self.url, self.name)
+
+    @property
+    def failures(self) -> int:
+        return sum(r.failures for r in self._results)
 
 
 def _drop(kind: str, url: str, name: str) -> None:
