@@ -399,24 +399,9 @@ class Rig:
         """The sweep on the celery job, launched from the machine (`python -m faults.hosts launch`)."""
         args = ["launch", "--mode", mode, "--run-date", run_date, "--ranges", str(ranges), "--broker",
                 self.broker_url(), "--tag", tag]
-        running = ModuleRun(args, self.env(), self.workdir / "cli")
+        running = Running(args, self.env(), self.workdir / "cli", command=[sys.executable, "-m", "faults.hosts"])
         self.started.append(running)
         return running
-
-
-class ModuleRun(Running):
-    """faults.product.Running for `python -m faults.hosts ARGS` instead of the product's CLI."""
-
-    def __init__(self, args: list[str], env: dict[str, str], workdir: Path) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        tag = uuid.uuid4().hex[:8]
-        self.args = list(args)
-        self.out_path = workdir / f"{tag}.out"
-        self.err_path = workdir / f"{tag}.err"
-        self.started = time.monotonic()
-        with self.out_path.open("w") as out, self.err_path.open("w") as err:
-            self.popen = subprocess.Popen([sys.executable, "-m", "faults.hosts", *args], env=env, stdout=out,
-                                          stderr=err, cwd=REPO, start_new_session=True)
 
 
 @contextmanager
@@ -572,13 +557,22 @@ def find_run(home: Path, tag: str, timeout: float) -> str | None:
     os.environ["DAGSTER_HOME"] = str(home / "dagster_home")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (home / "dagster_home").exists():
+        # Only once the launcher created the instance's storage (its marker): two processes creating a fresh SQLite
+        # storage at once race in its migration.
+        if (home / "dagster_home" / ".batch_assets_initialised").exists():
             with dg.DagsterInstance.get() as instance:
                 runs = instance.get_runs(filters=dg.RunsFilter(tags={"batch_assets/hosts_rig": tag}), limit=1)
             if runs:
                 return runs[0].run_id
         time.sleep(0.5)  # polling interval of a deadline loop
     return None
+
+
+def _error_lines(path: Path, n: int = 3) -> str:
+    """The last `n` lines of a log that are not traceback frames (the exception itself)."""
+    lines = [line for line in path.read_text(errors="replace").splitlines()
+             if line.strip() and not line.startswith((" ", "\t", "Traceback"))]
+    return " | ".join(lines[-n:])[-1200:]
 
 
 def _wait_for(predicate: Any, timeout: float, poll: float = 0.5) -> Any:
@@ -652,7 +646,7 @@ def _sweep_kill_and_resume(r: Rig, sc: Scenario, engine: sa.Engine, *, rows: int
                            f"from the machine (pid {run.pid})")
     run_id = find_run(r.home, tag, timeout=120)
     if run_id is None:
-        raise RuntimeError(f"the run did not start: {run.err_path.read_text(errors='replace')[-1500:]}")
+        raise RuntimeError(f"the run did not start: {_error_lines(run.err_path)}")
     per_range = rows / ranges
     victim, victim_steps, keys = _wait_mid_range(r, run, engine, run_id, started_at, per_range * kill_at, per_range)
     watch = HolderWatch(engine, SWEEP_JOB_KEY).start()
@@ -696,7 +690,8 @@ def _wait_mid_range(r: Rig, run: Running, engine: sa.Engine, run_id: str, starte
 
     def ready() -> tuple[TestHost, list[str], list[str]] | None:
         if not run.running():
-            raise RuntimeError(f"the run ended before the kill: {run.out_path.read_text(errors='replace')[-800:]}")
+            raise RuntimeError(f"the run ended before the kill: {run.out_path.read_text(errors='replace')[-600:]} "
+                               f"{_error_lines(run.err_path)}")
         steps = {k: v for k, v in steps_by_host(run_id, r.home).items() if k.startswith("sweep_range[")}
         progress = range_progress(engine, started_at)
         keys = sorted(progress)

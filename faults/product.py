@@ -67,7 +67,9 @@ class CliResult:
 class Running:
     """A started command; `finish()` collects it, `kill_group()` ends what is left of it."""
 
-    def __init__(self, args: Sequence[str], env: Mapping[str, str], workdir: Path) -> None:
+    def __init__(self, args: Sequence[str], env: Mapping[str, str], workdir: Path,
+                 command: Sequence[str] | None = None) -> None:
+        """`command` (default: the product's CLI) with `args`, in a session of its own, output in `workdir`."""
         workdir.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex[:8]
         self.args = list(args)
@@ -76,7 +78,8 @@ class Running:
         self.started = time.monotonic()
         with self.out_path.open("w") as out, self.err_path.open("w") as err:
             self.popen = subprocess.Popen(
-                [cli_path(), *args], env=dict(env), stdout=out, stderr=err, cwd=workdir, start_new_session=True,
+                [*(command or [cli_path()]), *args], env=dict(env), stdout=out, stderr=err, cwd=workdir,
+                start_new_session=True,
             )
 
     @property
