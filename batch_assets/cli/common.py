@@ -1,4 +1,5 @@
-"""What the command groups share: the engine, the key, the connection budget, config and the job launch."""
+"""What the command groups share: the engine, the key, config and the job launch (which checks the connection
+budget, orchestration/budget.py)."""
 
 from __future__ import annotations
 
@@ -7,29 +8,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from batch_assets.cli.output import EXIT_BY_STATUS, SUMMARY_KEYS, emit, err
 from batch_assets.errors import (
     EXIT_FAILED,
-    ConfigError,
 )
 from batch_assets.settings import Settings
 
 if TYPE_CHECKING:
-    import sqlalchemy as sa
-
     from batch_assets.orchestration.config import JobConfig
 
 C = TypeVar("C", bound="JobConfig")
-
-
-def check_connection_budget(engine: sa.Engine, needed: int) -> None:
-    """ConfigError (exit 2) when the server has fewer free connections than a run's budget needs."""
-    from batch_assets.db.engine import free_connections
-
-    free = free_connections(engine)
-    if needed > free:
-        raise ConfigError(
-            f"a run needs {needed} connections (workers + prefetch + side effects + heartbeat) but the server "
-            f"has {free} free (max_connections minus reserved and in use); lower --workers",
-            field="workers",
-        )
 
 
 def build_config(cls: type[C], **values: Any) -> tuple[C, Any]:

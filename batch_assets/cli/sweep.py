@@ -13,11 +13,9 @@ from batch_assets.cli.args import (
 )
 from batch_assets.cli.common import (
     build_config,
-    check_connection_budget,
     run_job,
 )
 from batch_assets.crypto import cipher_from_settings
-from batch_assets.db.engine import connected_engine
 from batch_assets.settings import Settings
 
 
@@ -25,7 +23,7 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.customer_status.dagster import SweepConfig
 
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
-    config, plan = build_config(
+    config, _ = build_config(
         SweepConfig,
         mode=args.mode,
         run_date=run_date.isoformat(),
@@ -37,9 +35,8 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
         allow_distant_run_date=args.allow_distant_run_date or None,
     )
     # Checked before launching: a missing or malformed key is exit 2, nothing read; so is a
-    # connection budget the server cannot give.
+    # connection budget the server cannot give (launch_job, orchestration/budget.py).
     cipher_from_settings(settings)
-    check_connection_budget(connected_engine(settings), plan.engine.connections_needed)
     return run_job("customer_status_sweep_job", config, settings, {"mode": args.mode, "run_date": run_date})
 
 

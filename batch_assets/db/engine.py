@@ -21,6 +21,11 @@ from batch_assets.errors import ConfigError, DatabaseUnavailable, cause_line
 from batch_assets.settings import DATABASE_URL_VAR, Settings
 
 DEFAULT_POOL_SIZE = 10
+APPLICATION_NAME = "batch_assets"
+"""`application_name` of the product's connections (pg_stat_activity), outside a Dagster run."""
+RUN_APPLICATION_PREFIX = "batch_assets run "
+"""`application_name` of a run's connections: this prefix and the run id, so the backends one run holds can be
+counted (`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'batch_assets run <run id>'`)."""
 DEFAULT_MAX_OVERFLOW = 2
 
 _engines: dict[tuple[str, int], sa.Engine] = {}
@@ -59,8 +64,17 @@ def describe_target(url: str | sa.URL) -> str:
     return f"{host}{port}/{parsed.database or ''}"
 
 
+def run_application_name(run_id: str | None) -> str:
+    """The `application_name` of the connections opened for run `run_id` (None: outside a run)."""
+    return f"{RUN_APPLICATION_PREFIX}{run_id}"[:63] if run_id else APPLICATION_NAME
+
+
 def create_engine(
-    url: str, *, pool_size: int = DEFAULT_POOL_SIZE, max_overflow: int = DEFAULT_MAX_OVERFLOW
+    url: str,
+    *,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    max_overflow: int = DEFAULT_MAX_OVERFLOW,
+    application_name: str = APPLICATION_NAME,
 ) -> sa.Engine:
     """A new engine; prefer `get_engine` so a process holds one per URL."""
     return sa.create_engine(
@@ -68,7 +82,7 @@ def create_engine(
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=True,
-        connect_args={"connect_timeout": 10, "application_name": "batch_assets"},
+        connect_args={"connect_timeout": 10, "application_name": application_name},
     )
 
 

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from batch_assets import run_history
 from batch_assets.db.engine import is_transient, one_off_engine
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text, first_line
+from batch_assets.orchestration.budget import check_run_budget, parallel_steps
 from batch_assets.orchestration.config import JobConfig
 from batch_assets.orchestration.instance_home import repo_root as repo_root  # re-exported: cli.tools, tests
 from batch_assets.orchestration.instance_home import write_instance_config
@@ -156,10 +157,14 @@ def launch_job(
     # Whatever the caller built (a Config object, a dict, None) is validated here, before anything runs:
     # a library caller's object may never have been through to_settings() (cheap, so the CLI's own early
     # call costs nothing worth saving).
-    config, _ = validated_config(job_name, config)
+    config, plan = validated_config(job_name, config)
     run_config = build_run_config(
         name, config, executor=executor, max_concurrent=max_concurrent, executor_config=executor_config
     )
+    # What the run really opens (its ranges at once under this executor, plus the other jobs) must fit in what the
+    # server has free: otherwise it is refused here, naming the numbers, before anything runs (budget.py).
+    with one_off_engine(settings) as engine:
+        check_run_budget(engine, plan, parallel=parallel_steps(run_config))
     ensure_instance(settings)
     launch_id = uuid.uuid4().hex
     # The process tag lets the dead-run watchdog fail this run at once if this process dies (orchestration.watchdog).

@@ -17,7 +17,13 @@ import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
 from batch_assets.crypto import DobCipher, cipher_for, load_key
-from batch_assets.db.engine import DEFAULT_POOL_SIZE, create_engine, normalize_url, resolve_database_url
+from batch_assets.db.engine import (
+    DEFAULT_POOL_SIZE,
+    create_engine,
+    normalize_url,
+    resolve_database_url,
+    run_application_name,
+)
 from batch_assets.locking.checkpoint import CheckpointStore
 from batch_assets.locking.lock import JobLock, make_job_lock
 from batch_assets.settings import (
@@ -38,9 +44,13 @@ class DatabaseResource(dg.ConfigurableResource):
     pool_size: int = Field(default=0, description=f"Connections in the pool. 0 = {DEFAULT_POOL_SIZE}.")
 
     _engines: dict[int, sa.Engine] = PrivateAttr(default_factory=dict)
+    _run_id: str | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._engines = {}
+        # Every connection of a run carries its run id in application_name: the backends one run holds are
+        # countable in pg_stat_activity (the connection budget, README "Connection budget").
+        self._run_id = context.run.run_id if context.run is not None else None
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.dispose()
@@ -54,7 +64,8 @@ class DatabaseResource(dg.ConfigurableResource):
         size = max(base, min_pool_size)
         engine = self._engines.get(size)
         if engine is None:
-            engine = self._engines[size] = create_engine(self.resolved_url(), pool_size=size)
+            engine = self._engines[size] = create_engine(
+                self.resolved_url(), pool_size=size, application_name=run_application_name(self._run_id))
         return engine
 
     @property

@@ -1,45 +1,58 @@
-"""The connection budget against reality: the backends a multi-range run holds, counted in pg_stat_activity."""
+"""The connection budget against reality (issue 16, "confirm the arithmetic"): the backends one run holds, counted in
+pg_stat_activity by the run's application_name, against `budget.run_connections`."""
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from datetime import date
 
 import pytest
 import sqlalchemy as sa
 
 from batch_assets.crypto import DobCipher
+from batch_assets.db.engine import RUN_APPLICATION_PREFIX
 from batch_assets.domains.customer_status.seed import seed_customers
 from batch_assets.engine.settings import SweepSettings
-from batch_assets.orchestration.launch import launch_job
+from batch_assets.orchestration.budget import range_step_connections, run_connections
+from batch_assets.orchestration.launch import ensure_instance, launch_job
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.slow]
 
 RANGES, WORKERS = 3, 2
-# :db — client backends on the test database other than the sampler's own.
-BACKENDS = sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = :db AND backend_type = 'client backend' "
-                   "AND pid <> pg_backend_pid()")
+# :db, :prefix — client backends on the test database by application_name (a run's carry its run id).
+BACKENDS = sa.text("SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = :db "
+                   "AND backend_type = 'client backend' AND application_name LIKE :prefix GROUP BY 1")
+# Every page write waits a little, so the three ranges' workers all hold their connections at the same time.
+SLOW_WRITES = """
+CREATE FUNCTION ba_test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$;
+CREATE TRIGGER ba_test_slow AFTER UPDATE ON customers FOR EACH STATEMENT EXECUTE FUNCTION ba_test_slow();
+"""
 
 
-def test_multi_range_run_holds_at_most_ranges_times_the_per_range_budget(
+def test_a_multi_range_run_holds_what_the_budget_says(
     dagster_env: Settings, engine: sa.Engine, cipher: DobCipher
 ) -> None:
-    """3 ranges in parallel (multiprocess), 2 workers each: at most 3 x (workers + prefetch + side effect +
-    heartbeat) backends plus one per step process for plan, summary and report, sampled from another connection."""
-    seed_customers(engine, cipher, 40_000, run_date=date(2025, 6, 1), seed=5)
-    per_range = SweepSettings(workers=WORKERS).connections_needed
-    peak = 0
+    """3 ranges in parallel (multiprocess), 2 workers each: the run's own backends (its application_name) never
+    exceed run_connections, and reach at least every range's workers at once (the ranges really overlap)."""
+    seed_customers(engine, cipher, 12_000, run_date=date(2025, 6, 1), seed=5)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SLOW_WRITES)
+    settings = SweepSettings(workers=WORKERS)
+    budget = run_connections(settings, ranges=RANGES, parallel=RANGES)
+    peaks: Counter[str] = Counter()
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
         # Autocommit: pg_stat_activity is a snapshot per transaction.
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             db = conn.execute(sa.text("SELECT current_database()")).scalar_one()
             while not done.is_set():
-                peak = max(peak, conn.execute(BACKENDS, {"db": db}).scalar_one())
-                done.wait(0.05)  # the sampling interval
+                for name, count in conn.execute(BACKENDS, {"db": db, "prefix": f"{RUN_APPLICATION_PREFIX}%"}):
+                    peaks[name] = max(peaks[name], count)
+                done.wait(0.02)  # the sampling interval
 
     sampler = threading.Thread(target=sample)
     sampler.start()
@@ -52,6 +65,33 @@ def test_multi_range_run_holds_at_most_ranges_times_the_per_range_budget(
         done.set()
         sampler.join()
     assert result.summary is not None and result.summary["status"] == "SUCCESS", result.summary
-    budget = RANGES * (per_range + 1) + 2
-    print(f"peak backends {peak}; per range {per_range}; budget {budget}")  # noqa: T201 - the measurement
-    assert 0 < peak <= budget, (peak, budget)
+    peak = peaks[f"{RUN_APPLICATION_PREFIX}{result.run_id}"]
+    print(f"peak backends of the run {peak}; per range step {range_step_connections(settings)}; "  # noqa: T201
+          f"budget {budget}; by application_name {dict(peaks)}")
+    assert set(peaks) == {f"{RUN_APPLICATION_PREFIX}{result.run_id}"}, "every backend of the run carries its id"
+    assert RANGES * WORKERS <= peak <= budget, (peak, budget)
+
+
+def test_a_run_over_the_budget_is_refused_before_it_starts(dagster_env: Settings, engine: sa.Engine) -> None:
+    """3 ranges at once with 32 workers each need 3 x 36 connections, more than the server has: ConfigError naming
+    workers, with the numbers, and no run was created (nothing ran, nothing holds a connection)."""
+    import dagster as dg
+
+    from batch_assets.errors import ConfigError
+
+    ensure_instance(dagster_env)
+    big = SweepSettings(workers=32)
+    assert run_connections(big, ranges=3, parallel=3) == 3 * (32 + 3 + 1)
+    with pytest.raises(ConfigError) as refused:
+        launch_job("customer_status_sweep_job",
+                   {"mode": "full", "run_date": "2025-06-01", "ranges": 3, "workers": 32},
+                   settings=dagster_env, executor="multiprocess", max_concurrent=3)
+    assert refused.value.field == "workers" and "needs 108 connections" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    with dg.DagsterInstance.get() as instance:
+        assert instance.get_runs() == []
+    # In one process the same ranges run one after the other: the run fits.
+    result = launch_job("customer_status_sweep_job",
+                        {"mode": "full", "run_date": "2025-06-01", "ranges": 3, "workers": 32},
+                        settings=dagster_env, executor="in_process")
+    assert result.summary is not None and result.summary["status"] == "SUCCESS", result.summary
