@@ -17,3 +17,25 @@ class Signals:
     db_waiting: bool = False
     halting: bool = False
     notified: bool = False  # a notification arrived since the last claim went out
+
+    async def wait(self, timeout: float) -> bool:
+        """The claim loop waits for a kick (result, free lane, notification, stop) or `timeout`; True when kicked."""
+        try:
+            if self.kick.is_set():
+                self.kick.clear()  # the loop looks at everything again after any wait
+                await asyncio.sleep(0)
+                return True
+            if timeout <= 0:
+                await asyncio.sleep(0)
+                return False
+            self.db_waiting = True
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.kick.wait()
+            except TimeoutError:
+                return False
+            self.kick.clear()
+            return True
+        finally:
+            self.db_waiting = False
+            self.db_ran.set()

@@ -232,7 +232,7 @@ class Worker:
                 if next_due_in is None or next_due_in > 0:
                     self.result.stopped_by = "drained"
                     return
-            fired = await self._wait(self._timeout(now, idle, next_due_in))
+            fired = await self.signals.wait(self._timeout(now, idle, next_due_in))
             self._report_progress()
             if idle:
                 why = self._wake_reason(fired, next_due_in)
@@ -265,29 +265,6 @@ class Worker:
         if self.deadline is not None:
             waits.append(self.deadline - now)
         return max(0.0, min(waits))
-
-    async def _wait(self, timeout: float) -> bool:
-        """Wait for a kick (result, free lane, notification, stop) or `timeout`; True when kicked."""
-        signals = self.signals
-        try:
-            if signals.kick.is_set():
-                signals.kick.clear()  # the loop looks at everything again after any wait
-                await asyncio.sleep(0)
-                return True
-            if timeout <= 0:
-                await asyncio.sleep(0)
-                return False
-            signals.db_waiting = True
-            try:
-                async with asyncio.timeout(timeout):
-                    await signals.kick.wait()
-            except TimeoutError:
-                return False
-            signals.kick.clear()
-            return True
-        finally:
-            signals.db_waiting = False
-            signals.db_ran.set()
 
     def _wanted(self) -> int:
         """How many rows to claim now: 0 while the breaker is open, 1 probe when half-open."""
