@@ -185,12 +185,13 @@ def test_terminating_a_sweep_from_the_ui_drains_checkpoints_and_releases_the_loc
     dagster_dev: tuple[int, Path], engine: sa.Engine, cipher: DobCipher
 ) -> None:
     """Run termination (GraphQL/UI) stops the sweep: low watermark recorded, lock and lease given back."""
+    from dagster._core.instance.ref import InstanceRef
     from dagster_graphql import DagsterGraphQLClient
 
     from batch_assets.domains.customer_status.seed import seed_customers
 
     seed_customers(engine, cipher, 100_000, run_date=date(2025, 6, 1), seed=9)
-    port, _home = dagster_dev
+    port, home = dagster_dev
     client = DagsterGraphQLClient("127.0.0.1", port_number=port)
     deadline = time.monotonic() + DEADLINE_S
     run_id = _submit(
@@ -207,6 +208,12 @@ def test_terminating_a_sweep_from_the_ui_drains_checkpoints_and_releases_the_loc
         time.sleep(0.2)  # polling interval of a deadline loop
     client.terminate_run(run_id)
     assert _wait_for_run(client, run_id, deadline) == dg.DagsterRunStatus.CANCELED
+    # What the README says a terminated run shows: CANCELED, and one product warning per range stopped saying what
+    # it drained and where its checkpoint stands (an id, never a date).
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home))) as instance:
+        said = [record.event_log_entry.user_message for record in instance.get_records_for_run(run_id).records
+                if "terminated: the pages in flight were drained" in (record.event_log_entry.user_message or "")]
+    assert len(said) == 1 and "scanned " in said[0] and "checkpoint at " in said[0], said
     done = _computed(engine)
     assert 2_000 <= done < 100_000
     with engine.connect() as conn:
