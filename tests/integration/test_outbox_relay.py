@@ -375,3 +375,41 @@ def test_an_event_that_commits_late_below_the_pass_is_sent_by_the_next_pass(engi
     second = relay_outbox(engine, sink=sink, batch_size=10)
     assert second.sent == 1 and sink.received[-1] == late_id
     assert _statuses(engine) == {"SENT": 31}
+
+
+def test_follow_resumes_each_pass_from_its_mark_and_a_rescan_sends_what_committed_late_below_it(
+    engine: sa.Engine,
+) -> None:
+    """Follow mode: passes woken by notifications claim from where the previous pass ended (the sent events'
+    dead index entries are not walked again); an event with a lower id whose transaction commits after the
+    mark moved past it is sent by the next rescan (every poll_s), not left PENDING."""
+    from helpers import wait_for
+
+    sink = RecordingSink()
+    passes: list[tuple[int, int]] = []
+    stop = threading.Event()
+    settings = RelaySettings(batch_size=10, poll_s=1.0)
+    thread = threading.Thread(target=lambda: follow_outbox(
+        engine, sink=sink, owner="relay-follow", settings=settings, stop=stop,
+        on_pass=lambda r: passes.append((r.sent, r.last_id))), daemon=True)
+    with engine.connect() as late:
+        late.begin()
+        late_id = late.exec_driver_sql(
+            "INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+            "VALUES (gen_random_uuid(), 'age_category_changed', '{}'::jsonb) RETURNING id").scalar_one()
+        thread.start()
+        try:
+            _add_events(engine, 25)
+            wait_for(lambda: len(sink.received) == 25, what="the 25 committed events sent")
+            mark = max(sink.received)
+            _add_events(engine, 5)  # a notified pass starts at the mark: it sends only these
+            wait_for(lambda: len(sink.received) == 30, what="the next 5 sent")
+            assert min(sink.received[25:]) > mark
+            late.commit()  # below the mark: only a rescan can see it
+            wait_for(lambda: late_id in sink.received, timeout=10, what="the late event sent by a rescan")
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+    assert sorted(sink.received) == sorted(set(sink.received)) and len(sink.received) == 31
+    assert _statuses(engine) == {"SENT": 31}
+    assert any(last > late_id for _, last in passes)

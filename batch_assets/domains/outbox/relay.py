@@ -116,6 +116,8 @@ class RelayResult:
     """Type of the sink or database error that stopped the relay; its batch stays PENDING."""
     failures: int = 0
     """Sends that failed (follow mode goes on after each one)."""
+    last_id: int = 0
+    """The highest event id this pass claimed and sent (where follow mode's next pass may start); 0 for none."""
 
     @property
     def ok(self) -> bool:
@@ -253,12 +255,19 @@ def relay_outbox(
     owner: str = "relay",
     settings: RelaySettings | None = None,
     stop: threading.Event | None = None,
+    start_after: int = 0,
+    free_dead: bool = True,
 ) -> RelayResult:
-    """Send every PENDING event (in id order, in batches) and mark it SENT; stops at the first failure."""
+    """Send every PENDING event (in id order, in batches) and mark it SENT; stops at the first failure.
+
+    `start_after`: claim only ids above it (follow mode's passes between two rescans, see follow_outbox);
+    `free_dead`: first release the claims of relays whose process is gone (follow mode does it once a rescan)."""
     settings = (settings or RelaySettings(batch_size=batch_size)).check()
     started = time.monotonic()
     sent = batches = 0
-    free_dead_claims(engine)
+    last_id = start_after
+    if free_dead:
+        free_dead_claims(engine)
     error: str | None = None
     # While a full batch is with the sink, the next one is claimed, and the previous one marked SENT, on
     # other connections (each its own autocommit statement): the database's work overlaps the broker's
@@ -270,7 +279,7 @@ def relay_outbox(
             while stop is None or not stop.is_set():
                 try:
                     # One claim at a time on `claims`: the next is submitted only once this one is taken.
-                    batch = ahead.result() if ahead is not None else _claim(claims, owner, settings)
+                    batch = ahead.result() if ahead is not None else _claim(claims, owner, settings, start_after)
                     events, ahead = batch.events, None
                     if batch.more:
                         ahead = pool.submit(_claim, claims, owner, settings, batch.last_id)
@@ -285,6 +294,7 @@ def relay_outbox(
                 if not events:
                     break
                 batches += 1
+                last_id = max(last_id, batch.last_id)
                 if not batch.more:
                     break
         finally:
@@ -298,7 +308,7 @@ def relay_outbox(
     if error is not None:
         log.warning("outbox relay: batch failed (%s); it stays PENDING", error)
         return RelayResult(sent, batches, time.monotonic() - started, error=error, failures=1)
-    return RelayResult(sent, batches, time.monotonic() - started)
+    return RelayResult(sent, batches, time.monotonic() - started, last_id=last_id)
 
 
 def _release_ahead(engine: sa.Engine, ahead: Future[ClaimedBatch], owner: str) -> None:
@@ -325,23 +335,36 @@ def follow_outbox(
     """Relay until `stop` is set (or `alive()` turns False): drain, then wait for a notification or poll_s.
 
     Sink failures never end the loop: the batch goes back to PENDING and the loop backs off.
+
+    A pass woken by a notification claims from where the previous pass ended (`start_after`): the sent events'
+    index entries stay behind it, dead until VACUUM, and a pass starting at the first id walks them all (measured:
+    0.8 s for its first claim after 100k sent; a sweep notifies once per page). Every poll_s, and after any
+    failure, a pass starts at the first id again (a rescan): it picks up an event whose id is below the mark but
+    whose transaction committed late, and it frees dead relays' claims.
     """
     settings = settings.check()
     started = time.monotonic()
     sent = batches = failures = 0
     backoff = settings.backoff_s
+    after, rescan_at = 0, time.monotonic() + settings.poll_s
     with _Listener(engine) as listener:
         while not stop.is_set() and alive():
-            result = relay_outbox(engine, sink=sink, owner=owner, settings=settings, stop=stop)
+            rescan = after == 0 or time.monotonic() >= rescan_at
+            if rescan:
+                after, rescan_at = 0, time.monotonic() + settings.poll_s
+            result = relay_outbox(engine, sink=sink, owner=owner, settings=settings, stop=stop, start_after=after,
+                                  free_dead=rescan)
             sent += result.sent
             batches += result.batches
             if on_pass is not None:
                 on_pass(result)
             if result.error:
                 failures += 1
+                after = 0
                 stop.wait(backoff)
                 backoff = min(backoff * 2, settings.backoff_max_s)
                 continue
+            after = result.last_id
             backoff = settings.backoff_s
             listener.wait(settings.poll_s, stop)
     # Send failures are retried, not fatal: they are counted, and the backlog check reports what is left.
