@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
@@ -137,3 +137,52 @@ def test_a_dead_holders_slots_come_back_after_their_lease(db_url: str, engine: s
     waited, held = asyncio.run(_with_sides(db_url, 3, scenario))
     assert 0.5 <= waited <= 3.0, waited  # about the lease (1 s), not at once and not forever
     assert len(held) == 1
+
+
+def test_a_stop_gives_back_the_rows_waiting_for_a_rate_slot_at_once(engine: sa.Engine) -> None:
+    """At 1 call/s with 4 lanes waiting, SIGTERM-like stop: the worker ends in seconds (not after the 30 s drain
+    timeout), the rows never called are NEW again with their attempt undone, and nothing stays PROCESSING."""
+    import threading
+    import time
+
+    from helpers import wait_for
+
+    from batch_assets.domains.payments.queue import QueueSettings, enqueue
+    from batch_assets.domains.payments.worker import run_worker
+    from batch_assets.domains.queue.handler import Outcome
+
+    calls: list[float] = []
+
+    class Stamp:
+        async def handle_async(self, claim: object) -> Outcome:
+            calls.append(time.monotonic())
+            return Outcome.done()
+
+        def close(self) -> None:
+            return None
+
+    enqueue(engine, 8, seed=17)
+    settings = QueueSettings.build(concurrency=4, batch_size=4, rate_limit_per_s=1, poll_interval_s=0.2)
+    stop = threading.Event()
+    outcome: list[Any] = []
+    worker = threading.Thread(target=lambda: outcome.append(run_worker(engine, settings, handler=Stamp(), stop=stop,
+                                                                       drain=False)), daemon=True)
+    worker.start()
+    try:
+        wait_for(lambda: len(calls) >= 2, timeout=30, what="two calls at 1/s")
+    finally:
+        stopped_at = time.monotonic()
+        stop.set()
+        worker.join(timeout=60)
+    assert not worker.is_alive() and time.monotonic() - stopped_at < 10
+    [result] = outcome
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT status, attempts FROM payments")).all()
+    done = [r for r in rows if r.status == "DONE"]
+    assert len(done) == len(calls) == result.done
+    assert all(r.status in ("DONE", "NEW") for r in rows)
+    assert all(r.attempts == 0 for r in rows if r.status == "NEW")  # given back: the attempt undone
+    # The lanes waiting at the gate (slots up to 4 s ahead) are not called after the stop; at most one slot may
+    # fall in the moment before the worker sees it.
+    assert sum(t > stopped_at for t in calls) <= 1, [round(t - stopped_at, 2) for t in calls]
+    assert result.released >= 4

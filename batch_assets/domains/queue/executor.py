@@ -40,6 +40,7 @@ class Executor:
                  gate: CallGate | None = None) -> None:
         self.settings = settings
         self.gate = gate  # the shared limits and the claim renewal (gate.py)
+        self.gated: set[asyncio.Task[None] | None] = set()  # lanes waiting for an in-flight or rate slot
         if gate is not None:
             completer.holdings = gate.holdings  # a claim is renewed from take() until the completer wrote it
         self.signals = signals
@@ -151,8 +152,14 @@ class Executor:
         """The handler call, once the gate (in-flight slot, rate slot) let it through: waiting is not calling."""
         if self.gate is None:
             return await self._timed_call(claim)
-        async with self.gate.call():
-            return await self._timed_call(claim)
+        lane = asyncio.current_task()
+        self.gated.add(lane)  # waiting at the gate: a stop cancels it at once (the row goes back, never called)
+        try:
+            async with self.gate.call():
+                self.gated.discard(lane)
+                return await self._timed_call(claim)
+        finally:
+            self.gated.discard(lane)
 
     async def _timed_call(self, claim: Claim) -> Outcome:
         timeout_s = self.settings.http_timeout_s + 1
@@ -208,6 +215,9 @@ class Executor:
         self.give_back_pending()
         for _ in self.lanes:
             self.pending.put_nowait(None)
+        for lane in list(self.gated):
+            if lane is not None:
+                lane.cancel()  # not called yet: given back now rather than called after the stop
         if self.lanes:
             _, late = await asyncio.wait(self.lanes, timeout=drain_timeout_s)
             for task in late:
