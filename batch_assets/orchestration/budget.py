@@ -12,7 +12,8 @@ run's backends in pg_stat_activity by its application_name, `batch_assets run <r
 
 A run whose peak plus that reserve exceeds what the server has free (max_connections - superuser_reserved -
 in use) is refused before it starts with one line giving the numbers (ConfigError naming `workers`, exit 2), so
-it never exhausts the server.
+it never exhausts the server: by `launch_job` (the CLI, library callers) and, for the runs the UI, schedules and
+sensors submit, by the run coordinator (`coordinator.budget_refusal`: the run is FAILURE at once with that line).
 """
 
 from __future__ import annotations

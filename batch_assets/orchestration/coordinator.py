@@ -11,9 +11,12 @@ materializes, before the run is queued, so the queue limits it like the job.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import dagster as dg
 
+from batch_assets.errors import BatchAssetsError, ConfigError
+from batch_assets.orchestration.budget import check_run_budget, parallel_steps
 from batch_assets.orchestration.registry import all_specs
 
 
@@ -35,12 +38,42 @@ def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -
     return owed
 
 
+def budget_refusal(job_name: str, run_config: Mapping[str, Any] | None) -> str | None:
+    """Why a run of one of the product's op jobs (a UI launch, a schedule, a sensor) would exceed the connection
+    budget (orchestration/budget.py), or None. A config the plan op would refuse is left to it (its one line);
+    a database that does not answer here is left to the run."""
+    from batch_assets.db.engine import one_off_engine
+    from batch_assets.settings import load_settings
+
+    spec = next((s for s in all_specs() if job_name in {j.name for j in s.op_jobs}), None)
+    if spec is None:
+        return None
+    values = (((run_config or {}).get("ops") or {}).get(spec.config_op) or {}).get("config") or {}
+    try:
+        plan = spec.config.from_values(values).to_settings()
+    except BatchAssetsError:
+        return None
+    try:
+        with one_off_engine(load_settings()) as engine:
+            check_run_budget(engine, plan, parallel=parallel_steps(run_config))
+    except ConfigError as exc:
+        return str(exc)
+    except BatchAssetsError:
+        return None
+    return None
+
+
 class BatchAssetsRunCoordinator(dg.QueuedRunCoordinator):
     """Dagster's QueuedRunCoordinator (limits from the `concurrency:` section); a run is queued with the tags
-    of the job whose assets it materializes (`tags_for_run`)."""
+    of the job whose assets it materializes (`tags_for_run`); a run over the connection budget is failed at once
+    with the reason (`budget_refusal`) instead of being queued."""
 
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run
+        refusal = budget_refusal(run.job_name, run.run_config)
+        if refusal is not None:  # it would exhaust the server: failed now, with the line (the failure alert quotes it)
+            self._instance.report_run_failed(run, f"refused before it started: {refusal}")
+            return self._instance.get_run_by_id(run.run_id) or run
         owed = tags_for_run(run.job_name, run.asset_selection)
         missing: Mapping[str, str] = {key: value for key, value in owed.items() if key not in run.tags}
         if missing:

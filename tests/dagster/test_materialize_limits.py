@@ -76,3 +76,34 @@ def test_runs_of_other_assets_or_of_the_jobs_themselves_get_no_extra_tag(
             instance.run_coordinator.submit_run(dg.SubmitRunContext(run, workspace=None))  # type: ignore[arg-type]
             stored = instance.get_run_by_id(run.run_id)
             assert stored is not None and stored.tags.get("batch_assets/kind") != "sweep"
+
+
+@pytest.mark.integration
+def test_a_run_over_the_connection_budget_is_failed_at_submit_with_the_reason(
+    project_instance: dg.DagsterInstance,
+) -> None:
+    """A UI or schedule launch of 3 ranges at once with 32 workers each (108 connections and more than the server
+    has free) is not queued: it is FAILURE at once with the one line of the budget; the same run in one process is
+    queued."""
+    job = load_defs().resolve_job_def("customer_status_sweep_job")
+    plan = {"mode": "full", "run_date": "2025-06-01", "ranges": 3, "workers": 32}
+    with project_instance as instance:
+        over = instance.create_run_for_job(
+            job_def=job, remote_job_origin=workspace_job_origin(job.name),
+            run_config={"ops": {"plan_sweep": {"config": plan}},
+                        "execution": {"config": {"multiprocess": {"max_concurrent": 3}}}},
+        )
+        instance.run_coordinator.submit_run(dg.SubmitRunContext(over, workspace=None))  # type: ignore[arg-type]
+        refused = instance.get_run_by_id(over.run_id)
+        assert refused is not None and refused.status == dg.DagsterRunStatus.FAILURE
+        [failure] = instance.get_records_for_run(over.run_id, of_type=dg.DagsterEventType.RUN_FAILURE).records
+        message = failure.event_log_entry.dagster_event.message or ""
+        assert "refused before it started: workers: a run needs 108 connections" in message, message
+
+        fits = instance.create_run_for_job(
+            job_def=job, remote_job_origin=workspace_job_origin(job.name),
+            run_config={"ops": {"plan_sweep": {"config": plan}}, "execution": {"config": {"in_process": {}}}},
+        )
+        instance.run_coordinator.submit_run(dg.SubmitRunContext(fits, workspace=None))  # type: ignore[arg-type]
+        queued = instance.get_run_by_id(fits.run_id)
+        assert queued is not None and queued.status == dg.DagsterRunStatus.QUEUED
