@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -317,7 +318,7 @@ def test_an_insert_of_events_notifies_the_relay_and_an_empty_insert_does_not(eng
         raw.invalidate()
 
 
-def _plan_nodes(plan: dict) -> list[tuple[str, str | None]]:  # type: ignore[type-arg]
+def _plan_nodes(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
     found = [(plan["Node Type"], plan.get("Index Name"))]
     for child in plan.get("Plans", []):
         found += _plan_nodes(child)

@@ -1,0 +1,118 @@
+"""Time per row and peak RSS across table sizes, from one bench report per size (issue 20).
+
+    python -m batch_assets.bench.scaling REPORT.json [REPORT.json ...] --output SCALE.json [--markdown SCALE.md]
+
+Each report is a `batch-assets bench --rows N` run (100k, 1M, 10M: the 10M run is not for CI). The merge
+gives, per size, the time per row of every scenario (microseconds: sweep_s / rows scanned; a delta per due
+row), the seeding time per row and the peak RSS of a whole sweep in a fresh process, and between each size and
+the next the ratio of those times (the goal: 10M within 1.15x of 1M) and of the RSS (flat: about 1.0). What each
+first computation left in the tables (pg_stat_user_tables, see growth) is carried over per size, so index and
+outbox growth can be read beside the times. Reports measured on different machines or under different load
+are not comparable; the merge keeps each report's note and creation time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from batch_assets.bench import render
+
+GOAL_PER_ROW_RATIO = 1.15
+SCENARIOS = ("full_first_computation", "full_steady_state", "delta_0_1pct_due", "config_change")
+
+
+def _per_row_us(entry: dict[str, Any]) -> float | None:
+    scanned, seconds = entry.get("scanned"), entry.get("sweep_s")
+    if not scanned or not seconds:
+        return None
+    return round(seconds / scanned * 1e6, 2)
+
+
+def size_entry(report: dict[str, Any]) -> dict[str, Any]:
+    """One size: per-row microseconds of each scenario and worker count, seeding, peak RSS, table growth."""
+    sweep = report.get("sweep") or {}
+    per_row: dict[str, float | None] = {}
+    for name, entry in sweep.items():
+        if isinstance(entry, dict) and any(name.startswith(s) for s in SCENARIOS):
+            key = name if name != "config_change" else f"config_change_w{entry.get('workers')}"
+            per_row[key] = _per_row_us(entry)
+    rss = (report.get("checks") or {}).get("peak_rss") or {}
+    first = sweep.get(render.sweep_key("first_computation", max(report.get("workers") or [1]))) or {}
+    return {
+        "rows": report["rows"],
+        "created_at": report.get("created_at"),
+        "note": (report.get("machine") or {}).get("note"),
+        "seed_us_per_row": round(report["seed_s"] / report["rows"] * 1e6, 2) if report.get("seed_s") else None,
+        "per_row_us": per_row,
+        "peak_rss_mib": (rss.get("large") or {}).get("peak_rss_mib"),
+        "tables_after_first_computation": first.get("tables"),
+    }
+
+
+def merge(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sizes in ascending order and the ratios from each size to the next."""
+    sizes = sorted((size_entry(r) for r in reports), key=lambda s: s["rows"])
+    if len({s["rows"] for s in sizes}) != len(sizes):
+        raise ValueError("two reports have the same --rows")
+    steps = []
+    for small, large in zip(sizes, sizes[1:], strict=False):
+        ratios = {k: round(v / small["per_row_us"][k], 3) for k, v in large["per_row_us"].items()
+                  if v and small["per_row_us"].get(k)}
+        rss = (round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)
+               if large["peak_rss_mib"] and small["peak_rss_mib"] else None)
+        seed = (round(large["seed_us_per_row"] / small["seed_us_per_row"], 3)
+                if large["seed_us_per_row"] and small["seed_us_per_row"] else None)
+        steps.append({"from_rows": small["rows"], "to_rows": large["rows"], "per_row_ratio": ratios,
+                      "seed_per_row_ratio": seed, "peak_rss_ratio": rss,
+                      "within_goal": {k: v <= GOAL_PER_ROW_RATIO for k, v in ratios.items()}})
+    return {"schema": 1, "goal_per_row_ratio": GOAL_PER_ROW_RATIO, "sizes": sizes, "steps": steps}
+
+
+def markdown(scale: dict[str, Any]) -> str:
+    """The per-row table: one row per scenario, one column per size, then the ratio of each step."""
+    sizes, steps = scale["sizes"], scale["steps"]
+    keys = sorted({k for s in sizes for k in s["per_row_us"]})
+    head = ["scenario (µs per row)", *[render.rows(s["rows"]) for s in sizes],
+            *[f"{render.rows(st['to_rows'])} ÷ {render.rows(st['from_rows'])}" for st in steps]]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+
+    def cell(value: float | None, fmt: str) -> str:
+        return "–" if value is None else format(value, fmt)
+
+    for key in keys:
+        cells = [cell(s["per_row_us"].get(key), ",.1f") for s in sizes]
+        cells += [cell(st["per_row_ratio"].get(key), ".2f") + "×" for st in steps]
+        lines.append(f"| {key.replace('_0_1pct_', ' 0.1% ').replace('_', ' ')} | " + " | ".join(cells) + " |")
+    lines.append("| seeding | " + " | ".join(cell(s["seed_us_per_row"], ",.1f") for s in sizes) + " | "
+                 + " | ".join(cell(st["seed_per_row_ratio"], ".2f") + "×" for st in steps) + " |")
+    lines.append("| peak RSS of a whole sweep (MiB) | " + " | ".join(cell(s["peak_rss_mib"], ",.1f") for s in sizes)
+                 + " | " + " | ".join(cell(st["peak_rss_ratio"], ".2f") + "×" for st in steps) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m batch_assets.bench.scaling", description=__doc__.splitlines()[0])
+    parser.add_argument("reports", type=Path, nargs="+")
+    parser.add_argument("--output", type=Path, required=True, help="the merged JSON")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the per-row table here")
+    args = parser.parse_args(argv)
+    try:
+        reports = [json.loads(p.read_text()) for p in args.reports]
+        scale = merge(reports)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    args.output.write_text(json.dumps(scale, indent=2) + "\n")
+    if args.markdown is not None:
+        args.markdown.write_text(markdown(scale))
+    print(json.dumps({"status": "SUCCESS", "sizes": [s["rows"] for s in scale["sizes"]],
+                      "output": str(args.output)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

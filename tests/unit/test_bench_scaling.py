@@ -1,0 +1,53 @@
+"""The bench's scaling merge (issue 20): per-row times and peak RSS across sizes, from one report per size."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batch_assets.bench import scaling
+
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "bench" / "latest.json"
+
+
+def _at(report: dict[str, Any], rows: int, slower: float, rss: float) -> dict[str, Any]:
+    """The committed report as if measured at `rows`, each sweep `slower` times slower per row."""
+    scaled = copy.deepcopy(report)
+    factor = rows / report["rows"]
+    scaled["rows"], scaled["seed_s"] = rows, report["seed_s"] * factor
+    for entry in scaled["sweep"].values():
+        entry["scanned"] = round(entry["scanned"] * factor)
+        entry["sweep_s"] = entry["sweep_s"] * factor * slower
+    scaled["checks"]["peak_rss"]["large"]["peak_rss_mib"] = rss
+    return scaled
+
+
+def test_the_merge_gives_per_row_times_their_ratios_and_the_rss_per_size(tmp_path: Path) -> None:
+    base = json.loads(COMMITTED.read_text())
+    reports = [_at(base, 10_000_000, 1.2, 88.0), _at(base, 1_000_000, 1.0, 88.0), _at(base, 100_000, 1.0, 80.0)]
+    scale = scaling.merge(reports)
+    assert [s["rows"] for s in scale["sizes"]] == [100_000, 1_000_000, 10_000_000]
+    first = scale["sizes"][1]["per_row_us"]["full_first_computation_w4"]
+    w4 = base["sweep"]["full_first_computation_w4"]
+    assert first == pytest.approx(w4["sweep_s"] / w4["scanned"] * 1e6, rel=0.01)
+    to_10m = scale["steps"][1]
+    assert to_10m["per_row_ratio"]["full_first_computation_w4"] == pytest.approx(1.2, rel=0.01)
+    assert to_10m["within_goal"]["full_first_computation_w4"] is False  # 1.2 > 1.15
+    assert scale["steps"][0]["within_goal"]["full_steady_state_w1"] is True
+    assert to_10m["peak_rss_ratio"] == 1.0 and scale["steps"][0]["peak_rss_ratio"] == 1.1
+    table = scaling.markdown(scale)
+    assert "| full first computation w4 |" in table and "| 10M ÷ 1M |" in table.splitlines()[0] + " |"
+    with pytest.raises(ValueError, match="same --rows"):
+        scaling.merge([reports[1], reports[1]])
+    paths = []
+    for i, r in enumerate(reports):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(r))
+    out = tmp_path / "scale.json"
+    assert scaling.main([*map(str, paths), "--output", str(out), "--markdown", str(tmp_path / "s.md")]) == 0
+    assert json.loads(out.read_text()) == json.loads(json.dumps(scale))
+    assert scaling.main([str(paths[0]), str(paths[0]), "--output", str(out)]) == 2
