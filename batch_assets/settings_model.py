@@ -134,20 +134,26 @@ def choices(annotation: Any) -> tuple[str, ...] | None:
     return None
 
 
+def _limits(info: FieldInfo) -> dict[str, float]:
+    """A field's ge / gt / le / lt constraints."""
+    return {k: getattr(m, k) for m in info.metadata for k in ("ge", "gt", "le", "lt")
+            if getattr(m, k, None) is not None}
+
+
 def bounds(info: FieldInfo) -> tuple[float | None, float | None]:
     """A field's lower and upper bound (ge or gt; le or lt), None where it has none."""
-    low = high = None
-    for meta in info.metadata:
-        low = getattr(meta, "ge", None) if getattr(meta, "ge", None) is not None else getattr(meta, "gt", low)
-        high = getattr(meta, "le", None) if getattr(meta, "le", None) is not None else getattr(meta, "lt", high)
-    return low, high
+    limits = _limits(info)
+    return limits.get("ge", limits.get("gt")), limits.get("le", limits.get("lt"))
 
 
 def describe(info: FieldInfo) -> str:
     """A field's description with its default and bounds, as the launchpad and `--help` show it."""
     text = (info.description or "").rstrip()
+    limits = _limits(info)
     low, high = bounds(info)
-    if low is not None and high is not None:
+    if "gt" in limits and high is not None:
+        text += f" Above {low:g}, at most {high:g}."
+    elif low is not None and high is not None:
         text += f" {low:g}..{high:g}."
     elif high is not None:
         text += f" At most {high:g}."

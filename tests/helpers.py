@@ -265,9 +265,10 @@ class AlertWebhook:
         self._thread.join(timeout=5)
 
 
-def sensor_resources(db_url: str) -> dict[str, Any]:
-    """The resources a sensor tick evaluated by a test gets, as the code location gives them: the test's database,
-    the PostgreSQL lock store and the alert sink (BATCH_ASSETS_ALERT_WEBHOOK as the test set it, or log only)."""
+def sensor_resources(db_url: str | None = None) -> dict[str, Any]:
+    """The resources a sensor tick evaluated by a test gets, as the code location gives them: the test's database
+    (None: BATCH_ASSETS_DATABASE_URL), the PostgreSQL lock store and the alert sink (BATCH_ASSETS_ALERT_WEBHOOK as the
+    test set it, or log only)."""
     from batch_assets.orchestration.resources import AlertsResource, DatabaseResource, JobLockResource
 
     return {"database": DatabaseResource(url=db_url), "job_lock": JobLockResource(),

@@ -23,12 +23,12 @@ if TYPE_CHECKING:
 
 
 def _fields(config: type[JobConfig]) -> list[dict[str, Any]]:
-    from batch_assets.orchestration.config import field_bounds
-
+    model = getattr(config, "settings_model", None)  # the job's settings model holds the bounds (config_class)
     fields = []
     for name, info in config.model_fields.items():
-        ge, le = field_bounds(info)
-        bounds = {k: v for k, v in (("ge", ge), ("le", le)) if v is not None}
+        source = model.model_fields.get(name, info) if model is not None else info
+        bounds = {k: getattr(m, k) for m in source.metadata for k in ("ge", "gt", "le", "lt")
+                  if getattr(m, k, None) is not None}
         choices = [m.value for m in info.annotation] if isinstance(info.annotation, enum.EnumMeta) else None
         fields.append({"name": name, "type": "str" if choices else getattr(info.annotation, "__name__",
                                                                             str(info.annotation)),

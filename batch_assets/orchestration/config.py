@@ -122,7 +122,9 @@ def config_class(settings: type[SettingsModel], name: str, doc: str, *, fields: 
     only at runtime.)"""
     annotations: dict[str, Any] = {}
     namespace: dict[str, Any] = {"__module__": settings.__module__, "__doc__": doc, "settings_model": settings}
-    for field_name, info in settings.model_fields.items():
+    own = set(vars(settings).get("__annotations__", {}))  # the job's own fields (mode, ...) first on the launchpad
+    ordered = sorted(settings.model_fields.items(), key=lambda item: item[0] not in own)
+    for field_name, info in ordered:
         if fields is not None and field_name not in fields:
             continue
         annotation: Any = info.annotation

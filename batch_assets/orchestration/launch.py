@@ -287,7 +287,8 @@ def _release_after_failure(spec: JobSpec, launched: LaunchResult, root_run_id: s
             log.warning("run %s: a step lost its celery worker %s; its lease and lock are left to expire",
                         launched.run_id, lost)
             return
-        spec.release_after_failure(root_run_id, settings)
+        with one_off_engine(settings) as engine:
+            spec.release_after_failure(root_run_id, engine, settings.redis_url)
 
 
 def _lost_worker(run_id: str) -> str | None:

@@ -16,9 +16,8 @@ from batch_assets import run_history
 from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.config import JobConfig
-from batch_assets.run_dates import today_in
+from batch_assets.orchestration.resources import CalendarResource
 from batch_assets.run_history import empty_summary
-from batch_assets.settings import load_settings
 from batch_assets.shutdown import STOP
 
 T = TypeVar("T")
@@ -72,12 +71,12 @@ def validated_plan(config: JobConfig, *checks: Callable[[], object]) -> Any:
     return plan
 
 
-def resolve_run_date(configured: date | None) -> date:
-    """The run date: the configured one, else today in BATCH_ASSETS_TIMEZONE (computed once per run)."""
+def resolve_run_date(configured: date | None, calendar: CalendarResource) -> date:
+    """The run date: the configured one, else today in the calendar resource's time zone (once per run)."""
     if configured is not None:
         return configured
     try:
-        return today_in(load_settings().timezone)
+        return calendar.today()
     except ConfigError as exc:
         raise config_failure(exc) from None
 

@@ -18,8 +18,6 @@ import dagster as dg
 import sqlalchemy as sa
 
 from batch_assets import run_history
-from batch_assets.alerts import send_alert
-from batch_assets.db.engine import one_off_engine
 from batch_assets.domains.customer_status.dagster import SPEC as CUSTOMER_STATUS
 from batch_assets.domains.outbox.dagster import SPEC as OUTBOX_RELAY
 from batch_assets.domains.payments.dagster import SPEC as PAYMENT_QUEUE
@@ -28,10 +26,11 @@ from batch_assets.domains.subscriptions.dagster import SPEC as SUBSCRIPTION_EXPI
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text
 from batch_assets.orchestration.automation import schedule_status, sensor_status
 from batch_assets.orchestration.metadata import business_tables_observation_sensor
+from batch_assets.orchestration.resources import AlertsResource, DatabaseResource, JobLockResource
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.sweep_job import definitions_of as definitions_of  # moved: components import it there
 from batch_assets.orchestration.watchdog import build_watchdog_sensor
-from batch_assets.settings import Settings, load_settings
+from batch_assets.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -145,20 +144,21 @@ business_tables_observation_job = dg.define_asset_job(
     description="Alerts on every failed run: an error log entry, plus a POST to BATCH_ASSETS_ALERT_WEBHOOK if set. "
     "A failed run of a job that holds a lock gives it back at once.",
 )
-def run_failure_alert_sensor(context: dg.RunFailureSensorContext) -> None:
+def run_failure_alert_sensor(context: dg.RunFailureSensorContext, database: DatabaseResource,
+                             job_lock: JobLockResource, alerts: AlertsResource) -> None:
     run = context.dagster_run
     error = _failure_line(context)
     text = f"batch_assets: run {run.run_id} of {run.job_name} FAILED: {error}"
     context.log.error(text)
-    settings = load_settings()
     release = next((s.release_after_failure for s in all_specs() if run.job_name in s.job_names), None)
     if release is not None:
-        release(run.root_run_id or run.run_id, settings)
-    send_alert(
-        text,
-        {"run_id": run.run_id, "job": run.job_name, "status": "FAILURE", "error": error},
-        settings.alert_webhook,
-    )
+        try:
+            engine = database.get_engine()
+        except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:  # the alert must still go out
+            log.warning("run %s: lock and lease not released, they will expire: %s", run.run_id, error_text(exc))
+        else:
+            release(run.root_run_id or run.run_id, engine, job_lock.redis_url)
+    alerts.send(text, {"run_id": run.run_id, "job": run.job_name, "status": "FAILURE", "error": error})
 
 
 def _failure_line(context: dg.RunFailureSensorContext) -> str:
@@ -173,7 +173,8 @@ def _failure_line(context: dg.RunFailureSensorContext) -> str:
     return (context.failure_event.message if context.failure_event else None) or "run failed"
 
 
-def asset_checks_after_run(context: dg.RunStatusSensorContext) -> dg.RunRequest | dg.SkipReason:
+def asset_checks_after_run(context: dg.RunStatusSensorContext,
+                           database: DatabaseResource) -> dg.RunRequest | dg.SkipReason:
     """Checks after a successful run that changed something (CONTRACT §8 "quiet when idle").
 
     A run whose summary says `changed` 0 (a drain that found nothing, a sweep with nothing due, a
@@ -181,17 +182,16 @@ def asset_checks_after_run(context: dg.RunStatusSensorContext) -> dg.RunRequest 
     is checked.
     """
     run_id = context.dagster_run.run_id
-    changed = _changed_by(run_id)
+    changed = _changed_by(database, run_id)
     if changed == 0:
         return dg.SkipReason(f"run {run_id} changed nothing: no check run")
     return dg.RunRequest(run_key=f"checks-after:{run_id}")
 
 
-def _changed_by(run_id: str) -> int | None:
+def _changed_by(database: DatabaseResource, run_id: str) -> int | None:
     """The `changed` count of the run's summary in run history, or None when there is none."""
     try:
-        with one_off_engine(load_settings()) as engine:
-            summary = run_history.latest(engine, run_id)
+        summary = run_history.latest(database.get_engine(), run_id)
     except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
         log.warning("run %s: summary not readable (%s); its checks run", run_id, error_text(exc))
         return None

@@ -1,4 +1,4 @@
-"""Resources: the database, the encryption key, the job lock and the checkpoint store.
+"""Resources: the database, the encryption key, the job lock, the checkpoint store and the alert sink.
 
 Each is a `ConfigurableResource` set up once per process (per step process under
 the multiprocess and celery executors) and disposed at teardown. Secrets reach
@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
+from datetime import date
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
+from batch_assets.alerts import send_alert
 from batch_assets.crypto import DobCipher, cipher_for, load_key
 from batch_assets.db.engine import (
     DEFAULT_POOL_SIZE,
@@ -26,10 +29,13 @@ from batch_assets.db.engine import (
 )
 from batch_assets.locking.checkpoint import CheckpointStore
 from batch_assets.locking.lock import JobLock, make_job_lock
+from batch_assets.run_dates import today_in
 from batch_assets.settings import (
+    ALERT_WEBHOOK_VAR,
     DATABASE_URL_VAR,
     ENCRYPTION_KEY_VAR,
     REDIS_URL_VAR,
+    TIMEZONE_VAR,
     load_settings,
 )
 
@@ -125,6 +131,29 @@ class JobLockResource(dg.ConfigurableResource):
         return lock
 
 
+class AlertsResource(dg.ConfigurableResource):
+    """Where alerts go: an error log entry, plus a JSON POST to BATCH_ASSETS_ALERT_WEBHOOK when it is set (its value
+    reaches the resource only through EnvVar and is never logged). Payloads hold ids, names and counts only."""
+
+    webhook: str | None = Field(
+        default=None, description="Alert webhook URL (EnvVar BATCH_ASSETS_ALERT_WEBHOOK). Unset: log entries only.",
+    )
+
+    def send(self, text: str, payload: Mapping[str, Any]) -> bool:
+        """Log the alert; POST it when a webhook is set. Returns whether a POST succeeded."""
+        return send_alert(text, payload, self.webhook or None)
+
+
+class CalendarResource(dg.ConfigurableResource):
+    """The time zone of the default run date (BATCH_ASSETS_TIMEZONE): an op fixes "today" with it, once per run."""
+
+    timezone: str = Field(default="UTC", description="IANA time zone (EnvVar BATCH_ASSETS_TIMEZONE). Default UTC.")
+
+    def today(self) -> date:
+        """Today in the time zone; an unknown zone is a ConfigError naming BATCH_ASSETS_TIMEZONE."""
+        return today_in(self.timezone)
+
+
 class CheckpointsResource(dg.ConfigurableResource):
     """Low-watermark checkpoints (ba_checkpoints), one per sweep, mode and cursor range."""
 
@@ -145,4 +174,6 @@ def default_resources() -> dict[str, Any]:
         "encryption": EncryptionResource(key=_env(ENCRYPTION_KEY_VAR)),
         "job_lock": JobLockResource(redis_url=_env(REDIS_URL_VAR)),
         "checkpoints": CheckpointsResource(),
+        "alerts": AlertsResource(webhook=_env(ALERT_WEBHOOK_VAR)),
+        "calendar": CalendarResource(**({"timezone": _env(TIMEZONE_VAR)} if _env(TIMEZONE_VAR) else {})),
     }

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
 from batch_assets.orchestration.config import JobConfig
 from batch_assets.settings import Settings
@@ -40,8 +41,9 @@ class JobSpec:
     asset_checks: Sequence[Any] = ()
     schedules: ScheduleBuilder | None = None
     sensors: SensorBuilder | None = None
-    release_after_failure: Callable[[str, Settings], None] | None = None
-    """(root run id, settings) → give back the lock and lease a failed run of this job still holds."""
+    release_after_failure: Callable[[str, sa.Engine, str | None], None] | None = None
+    """(root run id, engine, Redis URL of the lock store or None) → give back the lock and lease a failed run of this
+    job still holds (the failure sensor passes its database and job_lock resources; the CLI its own)."""
     mapped_op: str | None = None
     """The op mapped over cursor ranges: an unfinished step of it is an unfinished range."""
     merge_records: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None

@@ -30,7 +30,6 @@ import sqlalchemy as sa
 from pydantic import Field
 
 from batch_assets import run_history
-from batch_assets.db.engine import one_off_engine
 from batch_assets.engine.definition import Sweep
 from batch_assets.engine.ranges import CursorRange
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS, SweepResult
@@ -60,9 +59,13 @@ from batch_assets.orchestration.ops import (
     validated_plan,
 )
 from batch_assets.orchestration.progress import OpProgress
-from batch_assets.orchestration.resources import CheckpointsResource, DatabaseResource, JobLockResource
+from batch_assets.orchestration.resources import (
+    CalendarResource,
+    CheckpointsResource,
+    DatabaseResource,
+    JobLockResource,
+)
 from batch_assets.orchestration.spec import JobSpec
-from batch_assets.settings import Settings
 from batch_assets.settings_model import DatedSettings
 from batch_assets.shutdown import STOP
 
@@ -242,17 +245,15 @@ def started_at_of(results: Sequence[dict]) -> datetime:
     return utcnow()
 
 
-def release_job_lock(job_key: str) -> Callable[[str, Settings], None]:
+def release_job_lock(job_key: str) -> Callable[[str, sa.Engine, str | None], None]:
     """A JobSpec's `release_after_failure` for a job whose lock and lease are named `job_key`.
 
     Best effort: with the database or the lock store down, lease and lock expire on their own (and a dead
     holder is taken over at once), and the run's outcome must still be reported."""
 
-    def release(root_id: str, settings: Settings) -> None:
+    def release(root_id: str, engine: sa.Engine, redis_url: str | None) -> None:
         try:
-            with one_off_engine(settings) as engine:
-                release_failed_run(engine, make_job_lock(engine, settings.redis_url), job_key=job_key,
-                                   root_run_id=root_id)
+            release_failed_run(engine, make_job_lock(engine, redis_url), job_key=job_key, root_run_id=root_id)
         except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
             log.warning("run %s: lock and lease not released, they will expire: %s", root_id, error_text(exc))
 
@@ -291,14 +292,14 @@ def build_sweep_job(job: SweepJob) -> JobSpec:  # noqa: C901 — the ops are clo
     @dg.op(name=plan_name, out=dg.DynamicOut(RangeTask, description="One task per cursor range."),
            tags={"kind": "sweep"}, config_schema=cast(Any, config.to_config_schema()))
     def plan(context: dg.OpExecutionContext, database: DatabaseResource, job_lock: JobLockResource,
-             checkpoints: CheckpointsResource) -> Iterator[dg.DynamicOutput[RangeTask]]:
+             checkpoints: CheckpointsResource, calendar: CalendarResource) -> Iterator[dg.DynamicOutput[RangeTask]]:
         started_at = utcnow()
         try:
             run_config = config.from_values(dict(context.op_config or {}))
         except ConfigError as exc:
             raise config_failure(exc) from None
         chosen: Any = validated_plan(run_config)
-        run_date = resolve_run_date(chosen.run_date)
+        run_date = resolve_run_date(chosen.run_date, calendar)
         engine_settings = SweepSettings(**{f: getattr(chosen, f) for f in SweepSettings.model_fields})
         settings = _Plan(chosen.mode, 1 if chosen.mode == "delta" else chosen.ranges, engine_settings)
         engine, prepared = _prepared(database)

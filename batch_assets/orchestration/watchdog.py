@@ -49,8 +49,7 @@ from batch_assets.errors import BatchAssetsError, error_text
 from batch_assets.locking.lease import Lease
 from batch_assets.locking.lock import make_job_lock
 from batch_assets.locking.owner import make_owner, provably_dead
-from batch_assets.orchestration.resources import DatabaseResource
-from batch_assets.settings import load_settings
+from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
 
 log = logging.getLogger(__name__)
 
@@ -198,11 +197,11 @@ def fail_if_dead(instance: dg.DagsterInstance, engine: sa.Engine, record: dg.Run
                "the runs queued behind it start; its lock and lease are released and the next run resumes.")
     log.error(message)
     instance.report_run_failed(current, message)
-    release_holdings(engine, held, load_settings().redis_url)
+    release_holdings(engine, held, redis_url)
     return reason
 
 
-def dead_run_watchdog(context: dg.SensorEvaluationContext, database: DatabaseResource,
+def dead_run_watchdog(context: dg.SensorEvaluationContext, database: DatabaseResource, job_lock: JobLockResource,
                       job_names: frozenset[str]) -> dg.SkipReason:
     """One watchdog tick over every STARTED run of our jobs."""
     records = context.instance.get_run_records(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
@@ -212,7 +211,7 @@ def dead_run_watchdog(context: dg.SensorEvaluationContext, database: DatabaseRes
     failed: list[str] = []
     try:
         engine = database.get_engine()
-        redis_url = load_settings().redis_url
+        redis_url = job_lock.redis_url  # the lock store the jobs use: the same resource, never the environment
         for record in ours:
             reason = fail_if_dead(context.instance, engine, record, redis_url)
             if reason is not None:
@@ -230,8 +229,9 @@ def build_watchdog_sensor(job_names: Iterable[str]) -> dg.SensorDefinition:
     """The watchdog over `job_names`; RUNNING always: it starts no runs (BATCH_ASSETS_AUTOMATION does not stop it)."""
     names = frozenset(job_names)
 
-    def evaluate(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SkipReason:
-        return dead_run_watchdog(context, database, names)
+    def evaluate(context: dg.SensorEvaluationContext, database: DatabaseResource,
+                 job_lock: JobLockResource) -> dg.SkipReason:
+        return dead_run_watchdog(context, database, job_lock, names)
 
     return dg.sensor(
         name="dead_run_watchdog_sensor",

@@ -15,8 +15,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 from _cli import CliProcess, run_cli, scalar, seed_customers, summary_run_date, wait_for
-
-from batch_assets.orchestration.resources import DatabaseResource
+from helpers import sensor_resources
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,7 +25,7 @@ ROWS = 60_000
 def _tick(defs: dg.Definitions, name: str, instance: dg.DagsterInstance, db_url: str,
           cursor: str | None = None) -> dg.SensorResult:
     with dg.build_sensor_context(instance=instance, cursor=cursor,
-                                 resources={"database": DatabaseResource(url=db_url)}) as context:
+                                 resources=sensor_resources(db_url)) as context:
         return defs.resolve_sensor_def(name).evaluate_tick(context)
 
 
@@ -71,9 +70,10 @@ def test_kill_9_of_the_run_worker_fails_the_run_with_the_alert_and_the_next_run_
             # The failure event is what run_failure_alert_sensor reacts to on the daemon: its alert names the cause.
             [failure] = instance.get_records_for_run(dead.run_id, of_type=dg.DagsterEventType.RUN_FAILURE).records
             alert = defs.resolve_sensor_def("run_failure_alert_sensor")
-            alert(dg.build_run_status_sensor_context(
+            with dg.build_run_status_sensor_context(
                 sensor_name=alert.name, dagster_event=failure.event_log_entry.dagster_event,
-                dagster_instance=instance, dagster_run=failed).for_run_failure())
+                dagster_instance=instance, dagster_run=failed, resources=sensor_resources(db_url)) as context:
+                alert(context.for_run_failure())
         alerts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT")]
         assert any(dead.run_id in a and "is dead" in a for a in alerts), alerts
     assert scalar(engine, "SELECT count(*) FROM ba_leases") == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from helpers import sensor_resources
 
 from batch_assets import run_history
 from batch_assets.crypto import DobCipher
@@ -26,7 +27,6 @@ from batch_assets.domains.customer_status.dagster import (
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
 from batch_assets.domains.customer_status.seed import seed_customers
-from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
@@ -66,9 +66,8 @@ def test_materializing_the_sweep_assets_runs_the_sweep_and_their_checks_in_one_r
 
 def _tick(instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> dg.SensorResult:
     sensor = load_defs().resolve_sensor_def("rules_changed_sensor")
-    with dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"database": DatabaseResource(url=db_url)}
-    ) as context:
+    resources = sensor_resources(db_url)
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
         return sensor.evaluate_tick(context)
 
 

@@ -29,7 +29,7 @@ def _drain_tick(instance: dg.DagsterInstance, cursor: str | None, db_url: str) -
 
 def _checks_tick(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
     sensor = defs.resolve_sensor_def("asset_checks_after_run_sensor")
-    with dg.build_sensor_context(instance=instance, cursor=cursor) as context:
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=sensor_resources()) as context:
         return sensor.evaluate_tick(context)
 
 

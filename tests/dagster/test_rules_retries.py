@@ -8,13 +8,12 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 import sqlalchemy as sa
-from helpers import AlertWebhook, wait_for
+from helpers import AlertWebhook, sensor_resources, wait_for
 
 from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status import dagster as cs
 from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
-from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
@@ -30,9 +29,8 @@ def alerts(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
 
 
 def _tick(instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> dg.SensorResult:
-    with dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"database": DatabaseResource(url=db_url)}
-    ) as context:
+    resources = sensor_resources(db_url)
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
         return defs.resolve_sensor_def("rules_changed_sensor").evaluate_tick(context)
 
 

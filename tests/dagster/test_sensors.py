@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 import sqlalchemy as sa
-from helpers import AlertWebhook
+from helpers import AlertWebhook, sensor_resources
 
 from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status.dagster import RulesSensorState
@@ -15,7 +15,6 @@ from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.domains.customer_status.rules_store import set_rules
 from batch_assets.domains.payments.dagster import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_job
 from batch_assets.orchestration.launch import get_job
-from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster
@@ -26,9 +25,8 @@ payment_queue_drain_sensor = defs.resolve_sensor_def("payment_queue_drain_sensor
 
 def _tick(sensor_name: str, instance: dg.DagsterInstance, cursor: str | None, db_url: str) -> tuple:
     sensor = defs.resolve_sensor_def(sensor_name)
-    with dg.build_sensor_context(
-        instance=instance, cursor=cursor, resources={"database": DatabaseResource(url=db_url)}
-    ) as context:
+    resources = sensor_resources(db_url)
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
         result = sensor.evaluate_tick(context)
     return result, result.cursor
 
@@ -101,7 +99,7 @@ def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
 
     def tick() -> dg.SensorResult:
         with dg.build_sensor_context(
-            instance=instance, resources={"database": DatabaseResource(url=db_url)}
+            instance=instance, resources=sensor_resources(db_url)
         ) as context:
             return payment_queue_drain_sensor.evaluate_tick(context)
 
@@ -133,11 +131,11 @@ def webhook() -> Iterator[tuple[str, list[dict]]]:
 
 def _alert_on(instance: dg.DagsterInstance, failed: dg.ExecuteInProcessResult) -> None:
     """Evaluate run_failure_alert_sensor on a failed in-process run, as the daemon would."""
-    context = dg.build_run_status_sensor_context(
+    with dg.build_run_status_sensor_context(
         sensor_name="run_failure_alert_sensor", dagster_event=failed.get_run_failure_event(),
-        dagster_instance=instance, dagster_run=failed.dagster_run,
-    ).for_run_failure()
-    defs.resolve_sensor_def("run_failure_alert_sensor")(context)
+        dagster_instance=instance, dagster_run=failed.dagster_run, resources=sensor_resources(),
+    ) as context:  # the sensor's resources (database, job_lock, alerts) are set up inside `with`
+        defs.resolve_sensor_def("run_failure_alert_sensor")(context.for_run_failure())
 
 
 def test_run_failure_sensor_logs_and_posts_an_alert(

@@ -9,12 +9,12 @@ import time
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+from helpers import sensor_resources
 
 from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status.dagster import SWEEP_JOB_KEY, customer_status_sweep_job
 from batch_assets.domains.payments.dagster import payment_queue_drain_job
 from batch_assets.locking.lease import Lease
-from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.orchestration.watchdog import PROCESS_TAG
 from batch_assets.settings import Settings
 
@@ -37,7 +37,7 @@ HELD = sa.text("SELECT (SELECT count(*) FROM ba_leases) + (SELECT count(*) FROM 
 
 def _tick(instance: dg.DagsterInstance, db_url: str) -> str:
     sensor = defs.resolve_sensor_def("dead_run_watchdog_sensor")
-    with dg.build_sensor_context(instance=instance, resources={"database": DatabaseResource(url=db_url)}) as context:
+    with dg.build_sensor_context(instance=instance, resources=sensor_resources(db_url)) as context:
         result = sensor.evaluate_tick(context)
     assert result.run_requests == []
     return result.skip_message or ""
@@ -147,7 +147,7 @@ def test_drain_sensor_does_not_stall_behind_a_dead_drain(dagster_env: Settings, 
         dead = instance.create_run_for_job(job_def=payment_queue_drain_job, status=dg.DagsterRunStatus.STARTED,
                                            tags={PROCESS_TAG: _dead_owner("cli")})
         with dg.build_sensor_context(instance=instance,
-                                     resources={"database": DatabaseResource(url=db_url)}) as context:
+                                     resources=sensor_resources(db_url)) as context:
             result = sensor.evaluate_tick(context)
         assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
         assert result.run_requests, result.skip_message

@@ -33,7 +33,6 @@ import dagster as dg
 import sqlalchemy as sa
 
 from batch_assets import run_history
-from batch_assets.db.engine import one_off_engine
 from batch_assets.domains.customer_status import sql
 from batch_assets.domains.customer_status.job import CustomerStatusSettings, checkpoint_fingerprint
 from batch_assets.domains.customer_status.rules_store import current_rules
@@ -66,13 +65,14 @@ from batch_assets.orchestration.ops import (
 )
 from batch_assets.orchestration.progress import OpProgress
 from batch_assets.orchestration.resources import (
+    AlertsResource,
+    CalendarResource,
     CheckpointsResource,
     DatabaseResource,
     EncryptionResource,
     JobLockResource,
 )
 from batch_assets.orchestration.spec import JobSpec
-from batch_assets.settings import Settings
 from batch_assets.shutdown import STOP
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,7 @@ def plan_sweep(
     encryption: EncryptionResource,
     job_lock: JobLockResource,
     checkpoints: CheckpointsResource,
+    calendar: CalendarResource,
 ) -> Iterator[dg.DynamicOutput[RangeTask]]:
     """Validate the run config, fix the run date, take the run's lock + lease, register the ranges' checkpoint
     generation (resuming an unfinished one) and map the cursor ranges."""
@@ -170,7 +171,7 @@ def plan_sweep(
     config = config_from_run(context.op_config)
     # A missing or malformed key stops the run here too, before any read.
     plan = validated_plan(config, encryption.cipher)
-    run_date = resolve_run_date(plan.run_date)
+    run_date = resolve_run_date(plan.run_date, calendar)
     engine = database.get_engine()
     owner = run_owner(_root_run_id(context), single_process=_in_process(context))
     try:
@@ -580,16 +581,14 @@ customer_status_sweep_celery_job = customer_status_sweep_graph.to_job(
 )
 
 
-def release_after_failure(root_run_id: str, settings: Settings) -> None:
+def release_after_failure(root_run_id: str, engine: sa.Engine, redis_url: str | None) -> None:
     """A failed sweep run (breaker, SIGTERM, lost lease, defect) gives back what it still holds.
 
     Best effort: with the database or the lock store down, lease and lock expire on their own
     (and a dead holder is taken over at once), and the run's outcome must still be reported.
     """
     try:
-        with one_off_engine(settings) as engine:
-            release_failed_run(engine, make_job_lock(engine, settings.redis_url), job_key=SWEEP_JOB_KEY,
-                               root_run_id=root_run_id)
+        release_failed_run(engine, make_job_lock(engine, redis_url), job_key=SWEEP_JOB_KEY, root_run_id=root_run_id)
     except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
         log.warning("run %s: lock and lease not released, they will expire: %s", root_run_id, error_text(exc))
 
@@ -714,18 +713,17 @@ def retry_delay_s(failed_attempts: int) -> float:
     return min(RULES_RETRY_BASE_S * 2 ** max(failed_attempts - 1, 0), RULES_RETRY_MAX_S)
 
 
-def _alert_rules_attempt(context: dg.SensorEvaluationContext, key: str, run: Any, attempts: int) -> None:
-    from batch_assets.alerts import send_alert
-    from batch_assets.settings import load_settings
-
+def _alert_rules_attempt(context: dg.SensorEvaluationContext, alerts: AlertsResource, key: str, run: Any,
+                         attempts: int) -> None:
     text = (f"batch_assets: the config-change sweep for rules {key} did not succeed (run {run.run_id} ended "
             f"{run.status.value}); rules_changed_sensor retries it with a growing delay until one succeeds")
     context.log.error(text)
-    send_alert(text, {"kind": "rules_sweep_not_done", "rules_key": key, "run_id": run.run_id,
-                      "status": run.status.value, "attempts": attempts}, load_settings().alert_webhook)
+    alerts.send(text, {"kind": "rules_sweep_not_done", "rules_key": key, "run_id": run.run_id,
+                       "status": run.status.value, "attempts": attempts})
 
 
-def rules_changed(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult:
+def rules_changed(context: dg.SensorEvaluationContext, database: DatabaseResource,
+                  alerts: AlertsResource) -> dg.SensorResult:
     """One successful config-change sweep per rules change: re-request until a run for the key succeeds.
 
     The cursor (RulesSensorState) moves to a rules key only once a run tagged with it ended SUCCESS *and*
@@ -765,7 +763,7 @@ def rules_changed(context: dg.SensorEvaluationContext, database: DatabaseResourc
     if records:
         latest = records[0]  # newest first
         if key not in state.alerted:
-            _alert_rules_attempt(context, key, latest.dagster_run, len(records))
+            _alert_rules_attempt(context, alerts, key, latest.dagster_run, len(records))
             state.alerted.append(key)
         ended = latest.end_time or (latest.update_timestamp.timestamp() if latest.update_timestamp else 0.0)
         wait_s = ended + retry_delay_s(len(records)) - time.time()

@@ -32,7 +32,7 @@ from batch_assets.orchestration.ops import (
     validated_plan,
 )
 from batch_assets.orchestration.progress import OpProgress
-from batch_assets.orchestration.resources import DatabaseResource
+from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.watchdog import fail_if_dead
 from batch_assets.settings import load_settings
@@ -237,7 +237,8 @@ def _idle_observation(context: dg.SensorEvaluationContext, database: DatabaseRes
     return dg.SensorResult(skip_reason=dg.SkipReason(reason), cursor=cursor, asset_events=[observation])
 
 
-def payment_queue_drain(context: dg.SensorEvaluationContext, database: DatabaseResource) -> dg.SensorResult:
+def payment_queue_drain(context: dg.SensorEvaluationContext, database: DatabaseResource,
+                        job_lock: JobLockResource) -> dg.SensorResult:
     """A drain only when a payment is due, QUEUE_DRAIN_INTERVAL_S after the last one finished; never two at once.
 
     While nothing is due no run starts (CONTRACT §8 "quiet when idle"); payment_status still gets fresh
@@ -254,7 +255,7 @@ def payment_queue_drain(context: dg.SensorEvaluationContext, database: DatabaseR
         # never stop being drained behind it (the next one starts at once); one that never started is failed by
         # Dagster's run monitoring.
         if run.status in IN_PROGRESS:
-            died = fail_if_dead(context.instance, database.get_engine(), last, load_settings().redis_url)
+            died = fail_if_dead(context.instance, database.get_engine(), last, job_lock.redis_url)
             if died is None:
                 return dg.SensorResult(skip_reason=dg.SkipReason(f"drain {run.run_id} is {run.status.value}"))
     due_in = _seconds_until_due(database)

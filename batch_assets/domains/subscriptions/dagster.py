@@ -10,7 +10,6 @@ from typing import Any
 
 import dagster as dg
 
-from batch_assets.alerts import send_alert
 from batch_assets.domains.subscriptions import sql
 from batch_assets.domains.subscriptions.expiry import ExpiryJobSettings, run_expiry_job
 from batch_assets.errors import LockNotAcquired
@@ -29,9 +28,8 @@ from batch_assets.orchestration.ops import (
     validated_plan,
 )
 from batch_assets.orchestration.progress import OpProgress
-from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
+from batch_assets.orchestration.resources import AlertsResource, CalendarResource, DatabaseResource, JobLockResource
 from batch_assets.orchestration.spec import JobSpec
-from batch_assets.settings import load_settings
 from batch_assets.shutdown import STOP
 
 NIGHTLY = "nightly_jobs"
@@ -58,12 +56,14 @@ def expire_subscriptions(
     context: dg.OpExecutionContext,
     database: DatabaseResource,
     job_lock: JobLockResource,
+    alerts: AlertsResource,
+    calendar: CalendarResource,
 ) -> dict:
     """Expire ACTIVE subscriptions past their expiry date (or retry FAILED ones) under the job lock."""
 
     started_at = utcnow()
     plan = validated_plan(config_of(ExpiryConfig, context))  # a bad field: one line naming it, no stack trace
-    run_date = resolve_run_date(plan.run_date)
+    run_date = resolve_run_date(plan.run_date, calendar)
     engine = database.get_engine()
     mode = "retry_failed" if plan.retry_failed else "nightly"
     progress = OpProgress(context, label="subscription expiry", asset_key="subscription_status")
@@ -82,7 +82,7 @@ def expire_subscriptions(
     except LockNotAcquired as exc:
         summary = empty_summary(SKIPPED, context.run_id, reason=str(exc), run_date=run_date.isoformat(), mode=mode)
         return finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
-    _alert_expiry(context, result, plan.engine.max_retries)
+    _alert_expiry(context, alerts, result, plan.engine.max_retries)
     summary = finish(
         context, engine, summary=result.to_summary(context.run_id), started_at=started_at, mode=mode,
         run_date=run_date,
@@ -105,21 +105,20 @@ def expire_subscriptions(
     return summary
 
 
-def _alert_expiry(context: dg.OpExecutionContext, result: Any, max_retries: int) -> None:
+def _alert_expiry(context: dg.OpExecutionContext, alerts: AlertsResource, result: Any, max_retries: int) -> None:
     """Alert (log + webhook) on retries exhausted and on a run ended by consecutive batch failures; ids only."""
-    webhook = load_settings().alert_webhook
     base = {"run_id": context.run_id, "job": context.job_name, "run_date": result.run_date.isoformat()}
     if result.exhausted:
         text = (f"batch_assets: {result.exhausted} subscription(s) reached the maximum retry count "
                 f"({max_retries}) in run {context.run_id}; they stay FAILED")
         context.log.error(text)
-        send_alert(text, {**base, "kind": "retries_exhausted", "count": result.exhausted,
-                          "max_retries": max_retries, "subscription_ids": list(result.exhausted_ids)}, webhook)
+        alerts.send(text, {**base, "kind": "retries_exhausted", "count": result.exhausted,
+                           "max_retries": max_retries, "subscription_ids": list(result.exhausted_ids)})
     if result.stopped_by == "batch_failures":
         text = f"batch_assets: subscription expiry run {context.run_id} FAILED: {result.error}"
         context.log.error(text)
-        send_alert(text, {**base, "kind": "batch_failures", "status": "FAILURE",
-                          "batch_retries": result.batch_retries}, webhook)
+        alerts.send(text, {**base, "kind": "batch_failures", "status": "FAILURE",
+                           "batch_retries": result.batch_retries})
 
 
 @dg.job(description="Expire ACTIVE subscriptions past their expiry date (nightly), or retry FAILED ones.",
