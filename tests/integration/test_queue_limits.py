@@ -186,3 +186,34 @@ def test_a_stop_gives_back_the_rows_waiting_for_a_rate_slot_at_once(engine: sa.E
     # fall in the moment before the worker sees it.
     assert sum(t > stopped_at for t in calls) <= 1, [round(t - stopped_at, 2) for t in calls]
     assert result.released >= 4
+
+
+def test_a_gate_that_cannot_work_stops_the_worker_and_gives_every_row_back(engine: sa.Engine) -> None:
+    """The limits' function gone (a database not migrated to 0007): the worker ends with that error instead of
+    calling, and every claimed row is NEW again with its attempt undone; no call was made."""
+    import psycopg
+
+    from batch_assets.domains.payments.queue import QueueSettings, enqueue
+    from batch_assets.domains.payments.worker import run_worker
+    from batch_assets.domains.queue.handler import Outcome
+
+    calls: list[object] = []
+
+    class Count:
+        async def handle_async(self, claim: object) -> Outcome:
+            calls.append(claim)
+            return Outcome.done()
+
+        def close(self) -> None:
+            return None
+
+    enqueue(engine, 6, seed=18)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP FUNCTION ba_rate_take"))
+    settings = QueueSettings.build(concurrency=3, batch_size=3, rate_limit_per_s=50)
+    with pytest.raises(psycopg.errors.UndefinedFunction):
+        run_worker(engine, settings, handler=Count())
+    assert calls == []
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT status, attempts FROM payments")).all()
+    assert {(r.status, r.attempts) for r in rows} == {("NEW", 0)}

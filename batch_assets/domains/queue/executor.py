@@ -41,6 +41,7 @@ class Executor:
         self.settings = settings
         self.gate = gate  # the shared limits and the claim renewal (gate.py)
         self.gated: set[asyncio.Task[None] | None] = set()  # lanes waiting for an in-flight or rate slot
+        self.failures: list[BaseException] = []  # errors of the gate that are not transient (side.py retries those)
         if gate is not None:
             completer.holdings = gate.holdings  # a claim is renewed from take() until the completer wrote it
         self.signals = signals
@@ -109,6 +110,11 @@ class Executor:
             except asyncio.CancelledError:
                 self.give_back(claim, 0.0)  # the drain timeout passed: processed again later
                 raise
+            except Exception as exc:  # the gate's statements failed for good (the call errors are Outcomes)
+                self.give_back(claim, 0.0)
+                self.failures.append(exc)  # the worker stops with it, as for any other database error
+                self.signals.kick.set()
+                return
             finally:
                 self.running -= 1
             self.settle(claim, outcome)

@@ -180,6 +180,8 @@ class Worker:
                 return
 
     def _stop_reason(self) -> str | None:
+        if self.executor.failures and not self.errors:
+            self.errors.append(self.executor.failures[0])  # the call gate's database error
         if self.errors:
             return "error"
         if self.stop.is_set():
