@@ -1,4 +1,5 @@
-"""The queue section: the payment queue against the raw SKIP LOCKED floor, pickup latency, the HTTP stub.
+"""The queue section: the declared payment queue against the raw SKIP LOCKED floor and the figures from before
+the worker was split into parts (`before_split`), pickup latency, the HTTP stub.
 
 The measurement itself belongs to the payments domain
 (`batch_assets.domains.payments.benchmark.run_queue_bench`); the bench calls it
@@ -16,6 +17,12 @@ from typing import Any
 QUEUE_MODULE = "batch_assets.domains.payments.benchmark"
 PGQUEUER_REFERENCE_PER_S = (5100.0, 6900.0)
 """PgQueuer's published throughput range (jobs/s), drawn beside ours as an outside reference."""
+
+BEFORE_SPLIT = {
+    "product_per_s": 45851.3, "floor_per_s": 66638.1, "ratio": 0.688, "pickup_p50_ms": 3.39, "pickup_p99_ms": 6.95,
+    "source": "docs/bench/latest.json at 4eb15a0: the one-class payment worker before issue 18, quiet machine",
+}
+"""Today's figures before the worker was split into parts (issue 18), drawn beside the declared payments queue."""
 
 QueueBench = Callable[..., dict[str, Any]]
 
@@ -45,4 +52,5 @@ def queue_section(
         return {"status": "not measured",
                 "reason": f"{QUEUE_MODULE}.run_queue_bench is not available in this build"}
     figures = run(url, payments=payments, quick=quick, progress=progress)
-    return {"status": "measured", "pgqueuer_reference_per_s": list(PGQUEUER_REFERENCE_PER_S), **figures}
+    return {"status": "measured", "pgqueuer_reference_per_s": list(PGQUEUER_REFERENCE_PER_S),
+            "before_split": dict(BEFORE_SPLIT), **figures}

@@ -196,9 +196,11 @@ def queue_table(report: dict[str, Any]) -> list[str]:
     stub, lat = q["http_stub"], q["pickup_latency_ms"]
     lines += [
         "| what | result |", "|---|---:|",
-        f"| product, {q['worker_processes']} worker processes, {q['payments']:,} payments | "
+        f"| product (the declared payments queue), {q['worker_processes']} worker processes, "
+        f"{q['payments']:,} payments | "
         f"{rate(q['product_per_s'], 'payments/s')} ({q['ratio']:.2f}× the floor) |",
         f"| raw `FOR UPDATE SKIP LOCKED` floor | {rate(q['floor_per_s'], 'payments/s')} |",
+        *before_split_rows(q.get("before_split")),
         f"| PgQueuer's published figure (reference, not measured here) | "
         f"{ref_lo / 1000:.1f}k–{ref_hi / 1000:.1f}k jobs/s |",
         f"| pickup latency (insert → claim), {lat['samples']} samples | p50 {lat['p50']:.1f} ms · "
@@ -208,6 +210,15 @@ def queue_table(report: dict[str, Any]) -> list[str]:
         f"(target {rate(stub['target_per_s'], 'payments/s')}) |",
     ]
     return lines + rate_limit_rows(q.get("rate_limit"))
+
+
+def before_split_rows(before: dict[str, Any] | None) -> list[str]:
+    """The one-class worker's figures (before issue 18) beside the declared queue's, in reports that have them."""
+    if not before:
+        return []
+    return [f"| before the worker was split into parts ({before['source']}) | "
+            f"{rate(before['product_per_s'], 'payments/s')} ({before['ratio']:.2f}× its floor of "
+            f"{rate(before['floor_per_s'], 'payments/s')}), pickup p50 {before['pickup_p50_ms']:.1f} ms |"]
 
 
 def rate_limit_rows(rl: dict[str, Any] | None) -> list[str]:

@@ -4,7 +4,8 @@
 migrations applied:
 
 1. the product: `payments` payments, the no-op plug-in handler, 2 worker processes running the
-   real `run_worker` in drain mode (not through Dagster), payments settled per second;
+   real `run_worker` of the declared payments queue (`declaration.PAYMENTS_QUEUE`, the generic worker in
+   parts) in drain mode (not through Dagster), payments settled per second;
 2. the floor: the same table, 2 processes, one statement per round trip that completes the
    previous 100 and claims the next 100 with SKIP LOCKED, written here independently of the
    product's SQL (also reported with synchronous_commit = off, the product's setting);
@@ -272,12 +273,13 @@ def _floor_process(conninfo: str, ready: Barrier, out: Queue[EndReport], async_c
 def _product_process(url: str, ready: Barrier, out: Queue[EndReport]) -> None:
     try:
         from batch_assets.db.engine import create_engine
+        from batch_assets.domains.payments.declaration import PAYMENTS_QUEUE
         from batch_assets.domains.payments.handler import load_plugin
-        from batch_assets.domains.payments.queue import QueueSettings
         from batch_assets.domains.payments.worker import run_worker
 
         engine = create_engine(url, pool_size=2)
-        settings = QueueSettings.build(concurrency=64, batch_size=100)
+        # The declared payments queue (its QueueDeclaration's settings), the no-op plug-in as its handler.
+        settings = PAYMENTS_QUEUE.settings(concurrency=64, batch_size=100)
         handler = load_plugin(NOOP_HANDLER, concurrency=settings.concurrency)
         ready.wait(timeout=120)
         run_worker(engine, settings, handler=handler, drain=True)
