@@ -517,8 +517,12 @@ def test_queue_bench_quick_shape_and_every_payment_done_once(db_url: str) -> Non
     assert http["per_s"] > 0
     assert result["checks"]["product"] == {"done": 2000, "rows": 2000, "max_attempts": 1}
     assert result["checks"]["http_stub"]["done"] == http["payments"]
-    assert len(lines) == 5
+    assert len(lines) == 7  # floor, floor async, product, pickup, HTTP stub, rate-limit accuracy, its cost
     assert result["floor_async_commit_per_s"] > 0
+    rate = result["rate_limit"]  # 2 processes sharing 100/s for 4 s; the cost over the section's 2000 payments
+    assert (rate["limit_per_s"], rate["worker_processes"], rate["calls"]) == (100.0, 2, 400)
+    assert 0 < rate["window_1s"]["min"] <= rate["window_1s"]["max"] and rate["statements_per_call"] > 0
+    assert rate["cost"]["payments"] == 2000 and rate["cost"]["ratio"] > 0
     with psycopg.connect(_conninfo(db_url)) as conn:
         assert conn.execute("SELECT count(*) FROM payments").fetchone()[0] == 0  # it removed its rows
 
