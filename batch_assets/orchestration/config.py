@@ -1,17 +1,18 @@
-"""What every job's run config shares: the `JobConfig` base, run dates and time zones.
+"""What every job's run config shares: the `JobConfig` base and `config_class`.
 
-A job's config is one `JobConfig` subclass in its domain's `dagster.py`. Its fields carry their
-bounds (`Field(ge=..., le=...)`) and descriptions, which the launchpad shows; 0 or a missing
-value means the documented default. Validation has one home, `to_settings()`:
+A job's settings are one typed model (`batch_assets.settings_model.SettingsModel`: type, bounds, default,
+description and cross-field rules per field). Its run config is derived from it, `config_class(Model, name,
+doc)`: the launchpad fields, defaults and descriptions come from the model, and `to_settings()` builds the
+model, the one place a value is validated:
 
-* the CLI builds the same class (`JobConfig.from_values`) and calls `to_settings()` before it
-  launches anything; a bad value is a ConfigError naming the field (exit 2);
-* the job's first op calls `to_settings()` before any read or write (the launchpad and GraphQL only
-  type-check config before the run starts) and turns a ConfigError into a non-retriable failure.
+* the CLI builds the config (`JobConfig.from_values`: operator text held to ASCII digits, no empty value)
+  and calls `to_settings()` before it launches anything; a bad value is a ConfigError naming the field
+  (exit 2);
+* the job's first op does the same before any read or write (the launchpad and GraphQL only type-check
+  config before the run starts) and turns a ConfigError into a one-line, non-retriable failure.
 
-`to_settings()` checks the field bounds itself (`check_fields`), so an object built without
-pydantic's validation (`model_construct`, run config from an older version) is held to the same
-bounds, with the same messages.
+`count_field` / `seconds_field` / `check_fields` (0 = default, bounds checked again by `to_settings`) remain
+only for the jobs not yet on a settings model (the queue drain, the outbox relay); they go with them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, ClassVar, Self
 
 import dagster as dg
 import pydantic
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from batch_assets.errors import ConfigError
 from batch_assets.run_dates import check_run_date_window, parse_run_date, today_in, zone
@@ -146,39 +147,10 @@ def config_class(settings: type[SettingsModel], name: str, doc: str, *, fields: 
     return type(name, (JobConfig,), namespace)
 
 
-class DatedConfig(JobConfig):
-    """A job fixed to one run date (default: today in BATCH_ASSETS_TIMEZONE)."""
-
-    run_date: str | None = Field(
-        default=None,
-        description="Run date YYYY-MM-DD, fixed for every row of the run. Default: today in BATCH_ASSETS_TIMEZONE.",
-    )
-    allow_distant_run_date: bool = Field(
-        default=False,
-        description="Allow a run date further from today than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366).",
-    )
-
-    @field_validator("run_date")
-    @classmethod
-    def _run_date(cls, value: str | None) -> str | None:
-        try:
-            parse_run_date(value)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return value
-
-    def checked_run_date(self) -> date | None:
-        """The configured run date (None = today, resolved when the run starts), within its window."""
-        run_date = parse_run_date(self.run_date)
-        check_run_date_window(run_date, allow_distant=self.allow_distant_run_date)
-        return run_date
-
-
 __all__ = [
     "MAX_COUNT",
     "MAX_RETRIES",
     "MAX_SECONDS",
-    "DatedConfig",
     "JobConfig",
     "check_run_date_window",
     "count_field",
