@@ -164,13 +164,13 @@ def _claiming(engine: sa.Engine) -> Iterator[sa.Connection]:
 
 
 def _claim(conn: sa.Connection, owner: str, settings: RelaySettings, after: int = 0) -> ClaimedBatch:
-    rows = conn.execute(
-        sql.CLAIM_BATCH,
-        {"limit": settings.batch_size, "max_bytes": settings.batch_bytes, "owner": owner,
-         "lease_s": settings.claim_lease_s, "after": after},
-    ).all()
-    events = [OutboxEvent(r.id, r.aggregate_id, r.event_type, r.payload_json, r.created_at) for r in rows]
-    candidates = int(rows[0].candidates) if rows else 0
+    with driver_connection(conn.connection).cursor() as cur:  # plain tuples (sql.CLAIM_BATCH_DRIVER)
+        cur.execute(sql.CLAIM_BATCH_DRIVER,
+                    {"limit": settings.batch_size, "max_bytes": settings.batch_bytes, "owner": owner,
+                     "lease_s": float(settings.claim_lease_s), "after": after})
+        rows = cur.fetchall()
+    events = [OutboxEvent(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+    candidates = int(rows[0][5]) if rows else 0
     more = candidates >= settings.batch_size or len(events) < candidates
     return ClaimedBatch(sorted(events, key=lambda e: e.id), more)
 
@@ -184,8 +184,9 @@ def _release(engine: sa.Engine, ids: list[int], owner: str) -> None:
 
 
 def _mark_sent(engine: sa.Engine, ids: list[int], owner: str) -> int:
+    literal = "{" + ",".join(map(str, ids)) + "}"  # one text parameter, not 500 adapted ints
     with _autocommit(engine).connect() as conn:
-        return int(conn.execute(sql.MARK_SENT, {"ids": ids, "owner": owner}).scalar_one())
+        return int(conn.execute(sql.MARK_SENT, {"ids": literal, "owner": owner}).scalar_one())
 
 
 def relay_batch(engine: sa.Engine, *, sink: Sink, owner: str, settings: RelaySettings) -> tuple[int, int]:

@@ -6,6 +6,8 @@ moved to another relay changes nothing.
 
 from __future__ import annotations
 
+import re
+
 import sqlalchemy as sa
 
 # CLAIM_BATCH — claim the oldest PENDING events with no live claim, in one autocommit statement,
@@ -26,8 +28,7 @@ import sqlalchemy as sa
 # The payload comes back as its JSON text (payload_json): the relay splices it into the message as is,
 # never decoding and re-encoding it (that round trip was most of the relay's own CPU per event).
 # The candidates the byte budget left out are unlocked when the statement ends, still unclaimed.
-CLAIM_BATCH = sa.text(
-    """
+CLAIM_BATCH_SQL = """
 WITH candidates AS (
     SELECT id, pg_column_size(payload) AS size FROM outbox_events
      WHERE status = 'PENDING' AND (claimed_until IS NULL OR claimed_until < now()) AND id > :after
@@ -50,7 +51,12 @@ UPDATE outbox_events o
 RETURNING o.id, o.aggregate_id::text AS aggregate_id, o.event_type, o.payload::text AS payload_json, o.created_at,
           (SELECT count(*) FROM candidates) AS candidates
 """
-).bindparams(sa.bindparam("lease_s", type_=sa.Float), sa.bindparam("after", type_=sa.BigInteger))
+CLAIM_BATCH = sa.text(CLAIM_BATCH_SQL).bindparams(sa.bindparam("lease_s", type_=sa.Float),
+                                                   sa.bindparam("after", type_=sa.BigInteger))
+# The same statement in the driver's own placeholders (%(name)s; `::` casts untouched): the relay runs it on the
+# psycopg cursor and builds its events from plain tuples, half the client CPU per event of SQLAlchemy rows
+# (measured: 3.5 against 5.8-7.5 us per event claimed), which is most of what the relay adds to the broker.
+CLAIM_BATCH_DRIVER = re.sub(r"(?<!:):(\w+)", r"%(\1)s", CLAIM_BATCH_SQL)
 
 # PIN_CLAIM_PLAN / UNPIN_CLAIM_PLAN — the claiming connection's session (relay._claiming): the claim walks
 # outbox_events_pending_idx in id order from :after and updates its rows through the primary key. Right
@@ -68,7 +74,7 @@ PIN_CLAIM_PLAN = (
 UNPIN_CLAIM_PLAN = "RESET enable_bitmapscan; RESET enable_hashjoin; RESET enable_mergejoin; RESET jit"
 
 # MARK_SENT — after the sink accepted the batch; fenced by the claim.
-#   :ids    bigint[]  the batch
+#   :ids    bigint[]  the batch (the relay passes its array literal, '{1,2,...}': one text parameter)
 #   :owner  text      the claiming relay
 # Returns one row: how many were marked SENT (rows whose claim moved to another relay are not). One statement
 # per confirmed batch, the ids as one array parameter: `id = ANY(array)` is an index scan of the batch's ids
