@@ -156,16 +156,19 @@ class Executor:
 
     async def call(self, claim: Claim) -> Outcome:
         """The handler call, once the gate (in-flight slot, rate slot) let it through: waiting is not calling."""
-        if self.gate is None:
+        gate = self.gate
+        if gate is None or not gate.limited:
             return await self._timed_call(claim)
         lane = asyncio.current_task()
         self.gated.add(lane)  # waiting at the gate: a stop cancels it at once (the row goes back, never called)
         try:
-            async with self.gate.call():
-                self.gated.discard(lane)
-                return await self._timed_call(claim)
+            slot = await gate.enter()
         finally:
             self.gated.discard(lane)
+        try:
+            return await self._timed_call(claim)
+        finally:
+            gate.leave(slot)
 
     async def _timed_call(self, claim: Claim) -> Outcome:
         timeout_s = self.settings.http_timeout_s + 1

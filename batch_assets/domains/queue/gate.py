@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 from batch_assets.domains.queue.inflight import InFlightLimiter
 from batch_assets.domains.queue.liveness import ClaimRenewer, Holdings, Liveness
@@ -46,17 +45,28 @@ class CallGate:
     def start(self) -> None:
         self._beating = asyncio.get_running_loop().create_task(self.liveness.run())
 
-    @contextlib.asynccontextmanager
-    async def call(self) -> AsyncIterator[None]:
-        """Around one handler call: an in-flight slot, then the call's rate slot; the in-flight slot goes back after."""
+    @property
+    def limited(self) -> bool:
+        """Whether a call waits at the gate at all (a queue with neither limit only renews its claims)."""
+        return self.rate is not None or self.slots is not None
+
+    async def enter(self) -> int | None:
+        """Before one handler call: an in-flight slot (its number, or None without a cap), then a rate slot.
+
+        Give the in-flight slot back with `leave` once the call ended (also when the wait was cancelled).
+        """
         slot = await self.slots.acquire() if self.slots is not None else None
         try:
             if self.rate is not None:
                 await self.rate.acquire()
-            yield
-        finally:
-            if slot is not None and self.slots is not None:
-                self.slots.release(slot)
+        except BaseException:
+            self.leave(slot)
+            raise
+        return slot
+
+    def leave(self, slot: int | None) -> None:
+        if slot is not None and self.slots is not None:
+            self.slots.release(slot)
 
     async def aclose(self) -> None:
         """Stop renewing, give back the in-flight slots, close the side connection."""
