@@ -668,6 +668,7 @@ def _sweep_kill_and_resume(r: Rig, sc: Scenario, engine: sa.Engine, *, rows: int
                "unless renewed (the other ranges renew them: they are the run's, shared by its steps)")
         _probe_takeover(r, sc, victim, run, lease_owner)
         failed = run.finish(timeout=max(600.0, bounds["lock_ttl_s"] * 4))
+        _lost_steps(tl, run.err_path)
         t_fail = tl.add("run ended", failed.brief()[:400])
         summary = failed.summary or {}
         unfinished = sorted(summary.get("unfinished_ranges") or [])
@@ -681,6 +682,19 @@ def _sweep_kill_and_resume(r: Rig, sc: Scenario, engine: sa.Engine, *, rows: int
     finally:
         watch.stop()
     _resume(r, sc, run_date, ranges)
+
+
+def _lost_steps(tl: Timeline, err_path: Path) -> None:
+    """The celery executor's "stopped reporting step" errors in the launcher's log, at their own (second) times."""
+    for line in err_path.read_text(errors="replace").splitlines():
+        if "stopped reporting step" not in line:
+            continue
+        try:
+            at = datetime.strptime(line[:25], "%Y-%m-%d %H:%M:%S %z").timestamp()
+        except ValueError:
+            at = None
+        message = line[line.index("celery worker"):] if "celery worker" in line else line
+        tl.add("step declared lost by the run", message.split(" before its result")[0], at=at)
 
 
 def _wait_mid_range(r: Rig, run: Running, engine: sa.Engine, run_id: str, started_at: datetime, target: float,
