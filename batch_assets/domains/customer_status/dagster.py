@@ -22,8 +22,7 @@ rules sensor and "Materialize" in the UI start). Lineage:
 import json
 import logging
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import date, datetime
@@ -37,8 +36,9 @@ from batch_assets.domains.customer_status import sql
 from batch_assets.domains.customer_status.job import CustomerStatusSettings, checkpoint_fingerprint
 from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.domains.customer_status.sweep import SWEEP_NAME
-from batch_assets.engine.definition import UUID_MAX, CursorRange
-from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SKIPPED, SUCCESS
+from batch_assets.engine.definition import CursorRange
+from batch_assets.engine.ranges import even_split
+from batch_assets.engine.result import SKIPPED, SUCCESS
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import BatchAssetsError, ConfigError, LockNotAcquired, error_text
 from batch_assets.locking.lock import make_job_lock
@@ -73,6 +73,13 @@ from batch_assets.orchestration.resources import (
     JobLockResource,
 )
 from batch_assets.orchestration.spec import JobSpec
+from batch_assets.orchestration.sweep_job import (
+    RANGE_COLUMNS,
+    merge_range_records,
+    merge_summaries,
+    record_range,
+    started_at_of,
+)
 from batch_assets.shutdown import STOP
 
 log = logging.getLogger(__name__)
@@ -81,10 +88,6 @@ SWEEP_JOB_KEY = "customer_status_sweep"
 """The lock and lease name shared by delta, full and config-change (they never overlap)."""
 SWEEP_TAGS = {"batch_assets/kind": "sweep"}
 GROUP = "customer_status"
-
-_ADDITIVE = ("scanned", "changed", "unchanged", "failed", "pages", "decrypted", "triggers", "audit_events",
-             "conflicts")
-
 
 # --- config ------------------------------------------------------------------------------
 
@@ -123,10 +126,9 @@ class RangeTask:
 
 
 def split_key_space(count: int) -> list[CursorRange]:
-    """`count` contiguous inclusive UUID ranges covering the whole key space."""
-    space = UUID_MAX.int + 1
-    bounds = [space * i // count for i in range(count + 1)]
-    return [CursorRange(uuid.UUID(int=bounds[i]), uuid.UUID(int=bounds[i + 1] - 1)) for i in range(count)]
+    """`count` contiguous inclusive UUID ranges of equal width covering the whole key space (customer ids are
+    random UUIDs, so equal widths hold about equal rows; the range keys of existing checkpoints stay the same)."""
+    return even_split("uuid", count)
 
 
 def _root_run_id(context: dg.OpExecutionContext) -> str:
@@ -327,55 +329,6 @@ def log_termination(
     )
 
 
-def record_range(
-    context: dg.OpExecutionContext, engine: sa.Engine, summary: dict[str, Any], task: RangeTask
-) -> None:
-    """Record one range's summary in run history (a FAILURE one carries the error and is resumable)."""
-    record = dict(summary)
-    record["run_id"] = context.run_id
-    record.pop("owner", None)
-    status = record["status"] = SUCCESS if summary.get("status") == SUCCESS else FAILURE
-    if status == FAILURE:
-        record["error"] = f"range {task.index + 1}/{task.count} ({summary.get('range')}): " \
-                          f"{summary.get('stopped_reason') or summary.get('status')}"
-        # The range's checkpoint is its low watermark: the next run (or a re-execution from
-        # failure) resumes it.
-        record["resumable"] = True
-    record["duration_s"] = round((utcnow() - task.started_at).total_seconds(), 3)
-    run_history.record(
-        engine,
-        run_id=context.run_id,
-        job=context.job_name,
-        status=status,
-        started_at=task.started_at,
-        summary=record,
-        mode=task.mode,
-        run_date=task.run_date,
-    )
-
-
-def merge_summaries(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One run summary from the ranges' summaries (counters add up; FAILURE wins over SUCCESS)."""
-    merged: dict[str, Any] = {key: 0 for key in _ADDITIVE}
-    merged["failed_by_type"] = dict.fromkeys(FAILURE_KINDS, 0)
-    for part in parts:
-        for key in _ADDITIVE:
-            merged[key] += int(part.get(key) or 0)
-        for kind, count in (part.get("failed_by_type") or {}).items():
-            merged["failed_by_type"][kind] = merged["failed_by_type"].get(kind, 0) + int(count)
-    statuses = {p.get("status") for p in parts}
-    merged["status"] = FAILURE if FAILURE in statuses else SUCCESS
-    resumed = {p.get("range", str(i)): p.get("resumed_from") for i, p in enumerate(parts) if p.get("resumed_from")}
-    if not resumed:
-        merged["resumed_from"] = None
-    elif len(parts) == 1:
-        merged["resumed_from"] = next(iter(resumed.values()))
-    else:
-        merged["resumed_from"] = resumed
-    merged["ranges"] = len(parts)
-    return merged
-
-
 @dg.op(tags={"kind": "sweep"})
 def summarise_sweep(
     context: dg.OpExecutionContext,
@@ -396,7 +349,7 @@ def summarise_sweep(
     try:
         summary = merge_summaries(results)
         summary.update(mode=mode, run_date=first.get("run_date"))
-        started_at = _started_at(context, results)
+        started_at = started_at_of(results)
         summary["duration_s"] = round((utcnow() - started_at).total_seconds(), 3)
         summary = finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
     finally:
@@ -404,13 +357,6 @@ def summarise_sweep(
                          owner=first.get("owner") or run_owner(_root_run_id(context)))
     context.log.info(f"sweep summary recorded in {time.monotonic() - started:.2f}s")
     return summary
-
-
-def _started_at(context: dg.OpExecutionContext, results: Sequence[dict]) -> datetime:
-    for part in results:
-        if part.get("started_at"):
-            return datetime.fromisoformat(part["started_at"])
-    return utcnow()
 
 
 
@@ -422,7 +368,6 @@ customers = observable_table(
     "Customers (written by other services); ACTIVE rows are swept.",
 )
 
-RANGE_COLUMNS = ("range", "scanned", "changed", "failed", "conflicts", "pages", "duration_s", "resumed_from")
 SWEEP_ASSET_KEYS = [dg.AssetKey("customer_status"), dg.AssetKey("review_triggers"), dg.AssetKey("outbox_events")]
 
 
@@ -802,21 +747,6 @@ def build_sensors(status: dg.DefaultSensorStatus) -> list[dg.SensorDefinition]:
             f"{RULES_RETRY_BASE_S:.0f}s, until one run for that fingerprint succeeds; alerts once per fingerprint.",
         )(rules_changed),
     ]
-
-
-def merge_range_records(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run summary of a sweep whose summary op never ran, from the ranges' own records."""
-    merged = merge_summaries(records)
-    first = records[0]
-    merged.update(
-        run_id=first.get("run_id"),
-        mode=first.get("mode"),
-        run_date=first.get("run_date"),
-        duration_s=max(float(r.get("duration_s") or 0) for r in records),
-        error="; ".join(str(r["error"]) for r in records if r.get("error")) or None,
-        resumable=merged["status"] != "SUCCESS",
-    )
-    return merged
 
 
 SPEC = JobSpec(
