@@ -118,6 +118,7 @@ def test_worker_fails_with_its_run_id_when_the_outage_outlasts_its_bound(
 
 LISTENER_PIDS = (
     "SELECT pid FROM pg_stat_activity WHERE application_name = 'batch_assets_listener' AND query LIKE 'LISTEN%'"
+    " AND datname = current_database()"  # this test's worker only, not another test's on the same server
 )
 
 

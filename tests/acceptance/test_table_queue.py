@@ -47,7 +47,8 @@ def _statuses(engine: sa.Engine) -> dict[str, int]:
 
 def _listening(engine: sa.Engine) -> bool:
     return bool(scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                               "'batch_assets_listener' AND query = 'LISTEN \"batch_assets_queue_notifications_due\"'"))
+                               "'batch_assets_listener' AND query = 'LISTEN \"batch_assets_queue_notifications_due\"' "
+                               "AND datname = current_database()"))
 
 
 def test_declared_queue_end_to_end(queue_env: dict[str, str], engine: sa.Engine, tmp_path: Path) -> None:
