@@ -9,8 +9,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
 log = logging.getLogger(__name__)
 
 WEBHOOK_TIMEOUT_S = 5.0
@@ -21,6 +19,8 @@ def send_alert(text: str, payload: Mapping[str, Any], webhook: str | None) -> bo
     log.error("ALERT %s", text)
     if not webhook:
         return False
+    import httpx  # only when a webhook is set: a CLI run (start-up, issue 20) does not pay for the HTTP stack
+
     try:
         response = httpx.post(webhook, json={"text": text, **payload}, timeout=WEBHOOK_TIMEOUT_S)
         response.raise_for_status()

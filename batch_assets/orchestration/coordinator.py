@@ -17,7 +17,6 @@ import dagster as dg
 
 from batch_assets.errors import BatchAssetsError, ConfigError
 from batch_assets.orchestration.budget import check_run_budget, parallel_steps
-from batch_assets.orchestration.registry import all_specs
 
 
 def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -> dict[str, str]:
@@ -26,6 +25,8 @@ def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -
     A run of one of a spec's own jobs has that job's tags already; a run of another asset job that
     materializes a spec's assets gets the spec's job tags (e.g. `batch_assets/kind: sweep`).
     """
+    from batch_assets.orchestration.registry import all_specs  # when a run is submitted, not when the instance loads
+
     selected = None if asset_selection is None else set(asset_selection)
     owed: dict[str, str] = {}
     for spec in all_specs():
@@ -43,6 +44,7 @@ def budget_refusal(job_name: str, run_config: Mapping[str, Any] | None) -> str |
     budget (orchestration/budget.py), or None. A config the plan op would refuse is left to it (its one line);
     a database that does not answer here is left to the run."""
     from batch_assets.db.engine import one_off_engine
+    from batch_assets.orchestration.registry import all_specs
     from batch_assets.settings import load_settings
 
     spec = next((s for s in all_specs() if job_name in {j.name for j in s.op_jobs}), None)

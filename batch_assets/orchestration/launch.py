@@ -34,7 +34,7 @@ from batch_assets.orchestration.config import JobConfig
 from batch_assets.orchestration.instance_home import repo_root as repo_root  # re-exported: cli.tools, tests
 from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.orchestration.ops import run_in_thread
-from batch_assets.orchestration.registry import op_jobs, spec_for
+from batch_assets.orchestration.registry import spec_for
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.watchdog import cli_process_tags
 from batch_assets.settings import Settings
@@ -80,15 +80,17 @@ def _initialise_storage_once(home: Path) -> None:
 def get_job(job_name: str) -> dg.JobDefinition:
     """The job with its resources bound as in the code location (the reconstructable target).
 
-    Resources are built at call time, so they follow this process's environment.
+    Resources are built at call time, so they follow this process's environment. Only that job's module
+    is imported and only its spec's resources are built (start-up, issue 20: not every domain's).
     """
-    from batch_assets.orchestration.registry import resources
+    from batch_assets.orchestration.registry import resources_of
     from batch_assets.settings import load_settings
 
-    jobs = [job for job in op_jobs() if job.name == job_name]
+    spec = spec_for(job_name)
+    jobs = [job for job in spec.op_jobs if job.name == job_name]
     if not jobs:
         raise ConfigError(f"unknown job {job_name!r}", field="job")
-    return dg.Definitions(jobs=jobs, resources=resources(load_settings())).resolve_job_def(job_name)
+    return dg.Definitions(jobs=jobs, resources=resources_of((spec,), load_settings())).resolve_job_def(job_name)
 
 
 def validated_config(job_name: str, config: JobConfig | Mapping[str, Any] | None) -> tuple[JobConfig, Any]:

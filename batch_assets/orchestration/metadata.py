@@ -1,9 +1,8 @@
-"""Run metadata for people: numbers the Plots tab can chart, and tables built with pandas.
+"""Run metadata for people: numbers the Plots tab can chart, and small markdown tables.
 
-Never in the hot path: these run once per run, on small aggregates (counts by status,
-by category, per range), so pandas' cost does not matter and its tables read well. pandas
-is imported where a table is built, not with the module: a CLI run that writes no table
-(a delta with nothing due) does not pay its import (start-up, issue 20).
+These run once per run, on small aggregates (counts by status, by category, per range): a table is a
+few rows of plain markdown, written here without pandas, whose import alone would cost a CLI run more
+than a delta with nothing due does (start-up, issue 20).
 """
 
 from __future__ import annotations
@@ -11,15 +10,12 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
 from batch_assets.orchestration.resources import DatabaseResource
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 NUMERIC_KEYS = ("scanned", "changed", "unchanged", "failed")
 
@@ -33,36 +29,33 @@ def run_numbers(summary: Mapping[str, Any]) -> dict[str, int | float]:
     return numbers
 
 
-def frame_table(frame: pd.DataFrame, *, empty: str = "(none)") -> dg.MetadataValue:
-    """A DataFrame as a markdown table (thousands separators for whole numbers)."""
-    import pandas as pd
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, empty: str = "(none)") -> dg.MetadataValue:
+    """Rows as a markdown table: whole numbers right-aligned with thousands separators, None blank."""
+    def cell(value: Any) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}"
+        return str(value).replace("|", "\\|").replace("\n", " ")
 
-    if frame.empty:
-        frame = pd.DataFrame({frame.columns[0] if len(frame.columns) else "": [empty]})
-    shown = frame.copy()
-    for column in shown.columns:
-        if pd.api.types.is_integer_dtype(shown[column]):
-            shown[column] = shown[column].map("{:,}".format)
-    return dg.MetadataValue.md(shown.to_markdown(index=False))
+    shown = [[cell(v) for v in row] for row in rows] or [[empty, *("" for _ in columns[1:])]]
+    numeric = [bool(rows) and all(isinstance(row[i], int) and not isinstance(row[i], bool) for row in rows)
+               for i in range(len(columns))]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in shown]
+    return dg.MetadataValue.md("\n".join(lines))
 
 
 def counts_table(engine: sa.Engine, query: sa.TextClause, *, label: str) -> tuple[dict[str, int], dg.MetadataValue]:
     """Rows by `label` from a (label, n) query: as numbers and as a table."""
-    import pandas as pd
-
     with engine.connect() as conn:
-        rows = conn.execute(query).all()
-    frame = pd.DataFrame([(str(r[0]), int(r[1])) for r in rows], columns=[label, "rows"])
-    counts = dict(zip(frame[label], frame["rows"].astype(int), strict=True))
-    return {k: int(v) for k, v in counts.items()}, frame_table(frame)
+        rows = [(str(r[0]), int(r[1])) for r in conn.execute(query).all()]
+    return dict(rows), markdown_table((label, "rows"), rows)
 
 
 def records_table(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> dg.MetadataValue:
     """A list of dicts (e.g. one per cursor range) as a table of the given columns."""
-    import pandas as pd
-
-    frame = pd.DataFrame([{c: r.get(c) for c in columns} for r in records], columns=list(columns))
-    return frame_table(frame)
+    return markdown_table(columns, [[r.get(c) for c in columns] for r in records])
 
 
 BUSINESS_TABLES = "business_tables"

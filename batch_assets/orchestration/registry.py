@@ -2,7 +2,7 @@
 
 `definitions.py` (the code location) and the CLI (through `orchestration.launch`) read it. A new
 job is one folder, `batch_assets/domains/<name>/` with a `dagster.py` that declares its `SPEC`, and
-one line in `SPECS` below (docs/DESIGN.md walks through adding one).
+one line in `JOB_MODULES` below (docs/DESIGN.md walks through adding one).
 
 What spans the jobs is built here from their specs: the failure alert (which also gives back a
 failed run's lock), the asset checks run after every successful CLI run, and the observation of
@@ -11,18 +11,15 @@ the business tables.
 
 # No `from __future__ import annotations`: Dagster reads the sensor annotations at runtime.
 
+import importlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
 from batch_assets import run_history
-from batch_assets.domains.customer_status.dagster import SPEC as CUSTOMER_STATUS
-from batch_assets.domains.outbox.dagster import SPEC as OUTBOX_RELAY
-from batch_assets.domains.payments.dagster import SPEC as PAYMENT_QUEUE
-from batch_assets.domains.retention.dagster import SPEC as RETENTION
-from batch_assets.domains.subscriptions.dagster import SPEC as SUBSCRIPTION_EXPIRY
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text
 from batch_assets.orchestration.automation import schedule_status, sensor_status
 from batch_assets.orchestration.metadata import business_tables_observation_sensor
@@ -34,13 +31,56 @@ from batch_assets.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SPECS: tuple[JobSpec, ...] = (
-    CUSTOMER_STATUS,
-    SUBSCRIPTION_EXPIRY,
-    PAYMENT_QUEUE,
-    OUTBOX_RELAY,
-    RETENTION,
-)
+JOB_MODULES: dict[str, tuple[str, ...]] = {
+    "batch_assets.domains.customer_status.dagster": (
+        "customer_status_sweep_job", "customer_status_sweep_celery_job", "customer_status_asset_job"),
+    "batch_assets.domains.subscriptions.dagster": ("subscription_expiry_job",),
+    "batch_assets.domains.payments.dagster": ("payment_queue_drain_job", "payment_status_observation_job"),
+    "batch_assets.domains.outbox.dagster": ("outbox_relay_job",),
+    "batch_assets.domains.retention.dagster": ("retention_job",),
+}
+"""The product's jobs: each domain's `dagster.py` (its `SPEC`) and the job names that SPEC answers for
+(`JobSpec.job_names`; tests/dagster/test_registry.py holds the two equal). A domain's module is imported
+when one of its jobs is asked for: the CLI launching one job builds that job only, not every domain's
+Dagster definitions (start-up, issue 20); the code location (`definitions.py`) asks for all of them."""
+
+
+def _spec_in(module: str) -> JobSpec:
+    spec: JobSpec = importlib.import_module(module).SPEC
+    return spec
+
+
+def __getattr__(name: str) -> Any:
+    """`SPECS` (every product spec) and the shared jobs are built on first use, then kept as module attributes."""
+    if name == "SPECS":
+        value: Any = tuple(_spec_in(module) for module in JOB_MODULES)
+    elif name == "asset_checks_job":
+        value = _asset_checks_job()
+    elif name == "business_tables_observation_job":
+        value = _business_tables_observation_job()
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def _kept(name: str) -> Any:
+    """A lazily built module attribute (`__getattr__` serves other modules only, not this module's own code)."""
+    return globals()[name] if name in globals() else __getattr__(name)
+
+
+def _product_specs() -> tuple[JobSpec, ...]:
+    specs: tuple[JobSpec, ...] = _kept("SPECS")
+    return specs
+
+
+def _product_spec_named(job_name: str) -> JobSpec | None:
+    """The product spec answering for `job_name`, importing only its domain's module (unless SPECS was built
+    or replaced, e.g. by a test adding a job: then SPECS is the list)."""
+    if "SPECS" in globals():
+        return next((spec for spec in globals()["SPECS"] if job_name in spec.job_names), None)
+    module = next((module for module, names in JOB_MODULES.items() if job_name in names), None)
+    return None if module is None else _spec_in(module)
 
 
 def declared() -> tuple[tuple[JobSpec, ...], list[ConfigError]]:
@@ -55,7 +95,9 @@ def declared() -> tuple[tuple[JobSpec, ...], list[ConfigError]]:
     cached = _DECLARED.get(id(found))
     if cached is not None and cached[0] is found:
         return cached[1], cached[2]
-    taken = {name for spec in SPECS for name in spec.job_names}
+    taken = {name for names in JOB_MODULES.values() for name in names}
+    if "SPECS" in globals():  # built (or extended by a test): its names
+        taken.update(name for spec in globals()["SPECS"] for name in spec.job_names)
     specs: list[JobSpec] = []
     errors: list[ConfigError] = list(found.errors)
     for loaded in found.components:
@@ -89,15 +131,19 @@ _DECLARED: dict[int, tuple[Any, tuple[JobSpec, ...], list[ConfigError]]] = {}
 
 def all_specs() -> tuple[JobSpec, ...]:
     """The product's jobs and every declared job that can be built (a broken declaration is left out)."""
-    return (*SPECS, *declared()[0])
+    return (*_product_specs(), *declared()[0])
 
 
 def spec_for(job_name: str) -> JobSpec:
-    """The spec of a job by any of its names (op job, executor variant, asset job); ConfigError if none."""
+    """The spec of a job by any of its names (op job, executor variant, asset job); ConfigError if none.
+    Only the module of that job is imported (a product job's domain, or the declarations for a declared job)."""
+    found = _product_spec_named(job_name)
+    if found is not None:
+        return found
+    found = next((spec for spec in declared()[0] if job_name in spec.job_names), None)
+    if found is not None:
+        return found
     specs = all_specs()
-    for spec in specs:
-        if job_name in spec.job_names:
-            return spec
     raise ConfigError(f"unknown job {job_name!r}; known: {', '.join(s.name for s in specs)}", field="job")
 
 
@@ -124,18 +170,21 @@ def asset_checks() -> list[Any]:
     return [check for spec in all_specs() for check in spec.asset_checks]
 
 
-asset_checks_job = dg.define_asset_job(
-    "asset_checks_job",
-    selection=dg.AssetSelection.checks(*(check for spec in SPECS for check in spec.asset_checks)),
-    description="Evaluate every asset check (started after each successful CLI sweep, expiry, drain and relay).",
-)
+def _asset_checks_job() -> Any:
+    return dg.define_asset_job(
+        "asset_checks_job",
+        selection=dg.AssetSelection.checks(*(check for spec in _product_specs() for check in spec.asset_checks)),
+        description="Evaluate every asset check (started after each successful CLI sweep, expiry, drain and relay).",
+    )
 
-business_tables_observation_job = dg.define_asset_job(
-    "business_tables_observation_job",
-    selection=dg.AssetSelection.assets(
-        *(a.key for spec in SPECS for a in spec.assets if isinstance(a, dg.SourceAsset))),
-    description="Observe the business tables (row counts by status).",
-)
+
+def _business_tables_observation_job() -> Any:
+    return dg.define_asset_job(
+        "business_tables_observation_job",
+        selection=dg.AssetSelection.assets(
+            *(a.key for spec in _product_specs() for a in spec.assets if isinstance(a, dg.SourceAsset))),
+        description="Observe the business tables (row counts by status).",
+    )
 
 
 @dg.run_failure_sensor(
@@ -204,10 +253,15 @@ def _changed_by(database: DatabaseResource, run_id: str) -> int | None:
 
 def resources(settings: Settings) -> dict[str, Any]:
     """The resources every job shares plus each job's own (e.g. the outbox sink), chosen from `settings`."""
+    return resources_of(all_specs(), settings)
+
+
+def resources_of(specs: Sequence[JobSpec], settings: Settings) -> dict[str, Any]:
+    """The shared resources plus the own resources of `specs` (the CLI binds one job's only)."""
     from batch_assets.orchestration.resources import default_resources
 
     chosen = default_resources()
-    for spec in all_specs():
+    for spec in specs:
         if spec.resources is not None:
             chosen.update(spec.resources(settings))
     return chosen
@@ -215,8 +269,8 @@ def resources(settings: Settings) -> dict[str, Any]:
 
 def watched_job_names() -> list[str]:
     """Every job of the code location, whose STARTED runs the dead-run watchdog judges."""
-    return [*(name for spec in all_specs() for name in spec.job_names), asset_checks_job.name,
-            business_tables_observation_job.name]
+    return [*(name for spec in all_specs() for name in spec.job_names), "asset_checks_job",
+            "business_tables_observation_job"]
 
 
 def schedules(timezone: str, *, running: bool) -> list[dg.ScheduleDefinition]:
@@ -232,13 +286,13 @@ def sensors(*, running: bool) -> list[dg.SensorDefinition]:
     return [
         *(s for spec in all_specs() if spec.sensors for s in spec.sensors(status)),
         run_failure_alert_sensor,
-        business_tables_observation_sensor(business_tables_observation_job, status),
+        business_tables_observation_sensor(_kept("business_tables_observation_job"), status),
         build_watchdog_sensor(watched_job_names()),
         dg.run_status_sensor(
             name="asset_checks_after_run_sensor",
             run_status=dg.DagsterRunStatus.SUCCESS,
             monitored_jobs=[spec.job for spec in all_specs()],
-            request_job=asset_checks_job,
+            request_job=_kept("asset_checks_job"),
             default_status=status,
             description="Runs every asset check after each successful CLI sweep, expiry, queue drain and relay "
             "that changed something (a run that changed nothing starts no check run; the asset job runs its "
@@ -247,6 +301,7 @@ def sensors(*, running: bool) -> list[dg.SensorDefinition]:
     ]
 
 
-__all__ = ["SPECS", "all_specs", "asset_checks", "asset_checks_job", "asset_jobs", "assets", "declared",
-           "op_jobs", "resources", "schedules",
+# SPECS, asset_checks_job and business_tables_observation_job are module attributes built on first use (__getattr__).
+__all__ = ["JOB_MODULES", "all_specs", "asset_checks", "asset_jobs", "assets", "declared",
+           "op_jobs", "resources", "resources_of", "schedules",
            "sensors", "spec_for"]

@@ -1,0 +1,83 @@
+"""Start-up (issue 20): a CLI sweep builds only its own job and imports only what a sweep needs.
+
+Not a timing assertion (speed is the bench's, `batch-assets bench` startup section): what is checked is which
+modules the CLI process holds when a delta sweep with nothing due has run. Launching one job used to import
+every domain's Dagster module, the HTTP client (alerts) and pandas (run metadata tables).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from batch_assets.crypto import DobCipher
+from batch_assets.domains.customer_status.seed import seed_customers
+from batch_assets.orchestration import registry
+
+pytestmark = [pytest.mark.dagster, pytest.mark.integration]
+
+NOT_FOR_A_SWEEP = (
+    "pandas", "numpy", "matplotlib", "httpx", "celery", "aio_pika", "nats", "redis",
+    "batch_assets.definitions",
+    "batch_assets.domains.payments.dagster", "batch_assets.domains.outbox.dagster",
+    "batch_assets.domains.subscriptions.dagster", "batch_assets.domains.retention.dagster",
+    "batch_assets.domains.queue.worker",
+)
+"""What a customer-status sweep run through the CLI does not need (its job module is customer_status.dagster)."""
+
+# Runs the CLI as `python -m batch_assets.cli` does, then writes the names of the modules the process imported.
+PROBE = """
+import json, runpy, sys
+listing = sys.argv.pop(1)
+try:
+    runpy.run_module("batch_assets.cli", run_name="__main__")
+finally:
+    with open(listing, "w") as out:
+        json.dump(sorted(sys.modules), out)
+"""
+
+
+def test_job_modules_name_every_job_of_their_specs() -> None:
+    """The registry's name → module table (what lets the CLI import one job's module) matches the specs."""
+    for module, names in registry.JOB_MODULES.items():
+        spec = __import__(module, fromlist=["SPEC"]).SPEC
+        assert tuple(names) == spec.job_names, module
+    assert [s.name for s in registry.SPECS] == [names[0] for names in registry.JOB_MODULES.values()]
+
+
+def _cli_modules(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[dict, set[str]]:
+    listing = tmp_path / "modules.json"
+    proc = subprocess.Popen([sys.executable, "-c", PROBE, str(listing), *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1]), set(json.loads(listing.read_text()))
+
+
+def test_a_cli_delta_sweep_imports_only_its_own_job(cli_env: dict[str, str], engine: sa.Engine, cipher: DobCipher,
+                                                    tmp_path: Path) -> None:
+    """A delta with nothing due through the CLI: a SUCCESS Dagster run of customer_status_sweep_job, and the process
+    never imported another domain's Dagster module, the code location, pandas, the HTTP client or a broker client."""
+    run_date = date.today()
+    rows = seed_customers(engine, cipher, 300, run_date=run_date, bad_fraction=0.0, seed=5).rows
+    sweep = ["sweep", "customer-status", "--run-date", run_date.isoformat(), "--mode"]
+    summary, _ = _cli_modules([*sweep, "full"], cli_env, tmp_path)
+    assert summary["status"] == "SUCCESS" and summary["changed"] == rows
+    summary, modules = _cli_modules([*sweep, "delta"], cli_env, tmp_path)
+    assert summary["status"] == "SUCCESS" and summary["scanned"] == 0 and summary["run_id"]
+    assert "batch_assets.domains.customer_status.dagster" in modules and "dagster" in modules
+    loaded = sorted(name for name in NOT_FOR_A_SWEEP if name in modules)
+    assert loaded == [], f"imported by a CLI delta sweep: {loaded}"
