@@ -7,19 +7,17 @@ Lineage: payments ─▶ payment_status.
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
 
 from batch_assets.domains.payments import sql
-from batch_assets.domains.payments.handler import default_handler, plugin_spec_from_environment
-from batch_assets.domains.payments.queue import MAX_BATCH, MAX_DB_OUTAGE_S, QueueSettings, dlq_size, queue_stats
+from batch_assets.domains.payments.declaration import PAYMENTS_QUEUE
+from batch_assets.domains.payments.queue import dlq_size, queue_stats
 from batch_assets.domains.payments.worker import BREAKER_CODES, run_worker
+from batch_assets.domains.queue.dagster import QueueDrainPlan, QueueWorkConfig
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import IN_PROGRESS
-from batch_assets.orchestration.config import JobConfig, count_field, seconds_field
 from batch_assets.orchestration.metadata import counts_table, observable_table
 from batch_assets.orchestration.ops import (
     config_failure,
@@ -35,11 +33,9 @@ from batch_assets.orchestration.progress import OpProgress
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.watchdog import fail_if_dead
-from batch_assets.settings import load_settings
 from batch_assets.shutdown import STOP
 
 NIGHTLY = "nightly_jobs"
-MAX_CONCURRENCY = 256
 QUEUE_DRAIN_INTERVAL_S = 30
 """The next drain starts this many seconds after the previous one finished."""
 QUEUE_DRAIN_MAX_SECONDS = 300
@@ -49,37 +45,13 @@ QUEUE_DRAIN_MAX_SECONDS = 300
 # --- config ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class QueueDrainPlan:
-    """The validated run config."""
-
-    max_seconds: float | None
-    drain: bool
-    engine: QueueSettings
-
-
-class QueueDrainConfig(JobConfig):
-    """The payment worker (CONTRACT §7): a drain, or the resident worker. 0 or missing = the default."""
-
-    concurrency: int = count_field("8", maximum=MAX_CONCURRENCY, description="Handler calls in flight.")
-    max_seconds: float = seconds_field("no limit", description="Stop claiming new work after this many seconds.")
-    batch_size: int = count_field("50", maximum=MAX_BATCH, description="First claim batch (it adapts within 1..1000).")
-    drain: bool = Field(
-        default=True,
-        description="Exit once nothing is due. False = the resident worker: it waits for notifications "
-        "and runs until stopped (SIGTERM, run termination) or max_seconds.",
-    )
-    db_outage_s: float = seconds_field(
-        "60", maximum=MAX_DB_OUTAGE_S,
-        description="Seconds a lost database connection is retried (backoff) before the worker fails.",
-    )
+class QueueDrainConfig(QueueWorkConfig):
+    """The payment worker (CONTRACT §7): a drain, or the resident worker. 0 or missing = the payments
+    queue's declared value (`declaration.PAYMENTS_QUEUE`)."""
 
     def to_settings(self) -> QueueDrainPlan:
         """Validate everything (ConfigError naming the field) and return the plan + queue settings."""
-        self.check_fields()
-        engine = QueueSettings.build(concurrency=self.concurrency or None, batch_size=self.batch_size or None,
-                                     db_outage_s=self.db_outage_s or None)
-        return QueueDrainPlan(max_seconds=self.max_seconds or None, drain=self.drain, engine=engine)
+        return self.plan(PAYMENTS_QUEUE.settings)
 
 
 # --- op and job ----------------------------------------------------------------------------
@@ -94,12 +66,8 @@ def drain_payment_queue(
 
     started_at = utcnow()
     plan = validated_plan(config_of(QueueDrainConfig, context))  # a bad field: one line naming it, no stack trace
-    settings = load_settings()
     try:  # an unimportable BATCH_ASSETS_PAYMENT_HANDLER fails the run before anything is claimed
-        handler = default_handler(
-            settings.limits_url, plan.engine.http_timeout_s, concurrency=plan.engine.concurrency,
-            plugin=plugin_spec_from_environment(),
-        )
+        handler = PAYMENTS_QUEUE.make_handler(plan.engine)
     except ConfigError as exc:
         raise config_failure(exc) from None
     # The worker runs on two connections of its own; the pool serves the bookkeeping around it.
