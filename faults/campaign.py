@@ -945,7 +945,8 @@ $$""")
         from faults import hosts
 
         self.hosts = hosts.run(rows=hosts.DEFAULT_ROWS, ranges=hosts.DEFAULT_RANGES, payments=hosts.DEFAULT_PAYMENTS,
-                               only=None, workdir=self.root / "hosts", database_url=self.pg.app_url("postgres"))
+                               only=None, workdir=self.root / "hosts", database_url=self.pg.app_url("postgres"),
+                               first_index=4)  # bah4..6: `make hosts` (bah1..3) may run at the same time
         sweep = next((sc for sc in self.hosts if sc.name == "sweep"), None)
         res.injected = sweep is not None and any(e[1] == "kill -9" for e in sweep.timeline.events)
         res.injected_note = "; ".join(f"{sc.name}: {d}" for sc in self.hosts for _, w, d in sc.timeline.events

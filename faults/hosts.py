@@ -999,14 +999,16 @@ def render_scenario(sc: Scenario, level: int = 2) -> list[str]:
 
 
 def run(*, rows: int, ranges: int, payments: int, only: list[str] | None, workdir: Path,
-        database_url: str = DEFAULT_DATABASE_URL) -> list[Scenario]:
-    """Each scenario on a rig of its own (fresh hosts, vhost and database); an error is reported, not raised."""
+        database_url: str = DEFAULT_DATABASE_URL, first_index: int = 1) -> list[Scenario]:
+    """Each scenario on a rig of its own (fresh hosts, vhost and database); an error is reported, not raised.
+
+    `first_index`: the hosts are bah<first_index>.. (make hosts 1-3, the campaign 4-6, the tests 7-9)."""
     scenarios = []
     for name in ("sweep", "queue"):
         if only and name not in only:
             continue
         try:
-            with rig(workdir / name, database_url=database_url) as r:
+            with rig(workdir / name, database_url=database_url, first_index=first_index) as r:
                 if name == "sweep":
                     scenarios.append(sweep_scenario(r, rows=rows, ranges=ranges))
                 else:

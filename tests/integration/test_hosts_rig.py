@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 NS_TEST_INDEX = 9
-"""The namespace test's host (bah9); the sweep test uses bah6..bah8, `make hosts` bah1..bah3."""
+"""The namespace test's host (bah9); the sweep test uses bah7..bah9, the campaign bah4..6, `make hosts` bah1..3."""
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def three_hosts(can_host: None, server_url: str, tmp_path: Path):
     if not RabbitVhost.available(*hosts.DEFAULT_AMQP):
         pytest.skip("no RabbitMQ (and rabbitmqctl) on 127.0.0.1:5672")
     admin = make_url(server_url).set(database="postgres").render_as_string(hide_password=False)
-    with hosts.rig(tmp_path / "rig", database_url=admin, first_index=6) as r:
+    with hosts.rig(tmp_path / "rig", database_url=admin, first_index=7) as r:
         yield r
     assert not [h.netns for h in r.hosts if h.netns in _netns()]
 
