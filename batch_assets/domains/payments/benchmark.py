@@ -230,8 +230,12 @@ def run_queue_bench(
 # --- processes ---------------------------------------------------------------------------------
 
 
-def _run_processes(ctx: SpawnContext, target: Callable[..., None], url: str, args: tuple[object, ...]) -> float:
-    """Start WORKER_PROCESSES of `target`, release them together, return seconds until the last ends."""
+def _run_processes(ctx: SpawnContext, target: Callable[..., None], url: str, args: tuple[object, ...],
+                   *, before_join: Callable[[], None] | None = None) -> float:
+    """Start WORKER_PROCESSES of `target`, release them together, return seconds until the last ends.
+
+    `before_join` reads what else the processes put on their queues: a process ends only once its queue is drained.
+    """
     ready = ctx.Barrier(WORKER_PROCESSES + 1)
     out: Queue[EndReport] = ctx.Queue()
     procs = [ctx.Process(target=target, args=(url, ready, out, *args), daemon=True) for _ in range(WORKER_PROCESSES)]
@@ -246,6 +250,8 @@ def _run_processes(ctx: SpawnContext, target: Callable[..., None], url: str, arg
             if isinstance(end, str):
                 raise RuntimeError(f"bench worker failed: {end}")
             times.append(end)
+        if before_join is not None:
+            before_join()
         return max(times) - started
     finally:
         for p in procs:

@@ -25,7 +25,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import TYPE_CHECKING, Any
 
-from batch_assets.domains.payments.benchmark import EndReport, _Rows
+from batch_assets.domains.payments.benchmark import EndReport, _Rows, _run_processes
 
 if TYPE_CHECKING:  # imported where used: a spawned bench process loads only what it runs
     from batch_assets.domains.queue.claims import Claim
@@ -75,31 +75,12 @@ def _limited_process(url: str, ready: Barrier, out: Queue[EndReport], rate: floa
 
 
 def _run(ctx: SpawnContext, url: str, rate: float, processes: int) -> tuple[float, list[dict[str, Any]]]:
-    """Start `processes` workers at `rate`, release them together: seconds until the last ends, their reports.
-
-    Each report is read before its process is joined: a process ends only once its queue is drained.
-    """
-    ready = ctx.Barrier(processes + 1)
-    out: Queue[EndReport] = ctx.Queue()
+    """`processes` workers at `rate`, released together: seconds until the last ends, and their reports."""
     report: Queue[Any] = ctx.Queue()
-    procs = [ctx.Process(target=_limited_process, args=(url, ready, out, rate, report), daemon=True)
-             for _ in range(processes)]
-    for p in procs:
-        p.start()
-    try:
-        ready.wait(timeout=120)
-        started = time.monotonic()
-        ends = [out.get(timeout=900) for _ in procs]
-        failed = [end for end in ends if isinstance(end, str)]
-        if failed:
-            raise RuntimeError(f"rate bench worker failed: {failed[0]}")
-        reports = [report.get(timeout=60) for _ in procs]
-        return max(float(end) for end in ends) - started, reports
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    reports: list[dict[str, Any]] = []
+    seconds = _run_processes(ctx, _limited_process, url, (rate, report),
+                             before_join=lambda: reports.extend(report.get(timeout=60) for _ in range(processes)))
+    return seconds, reports
 
 
 def window_counts(times: list[float], window: float = WINDOW_S) -> list[int]:
