@@ -6,6 +6,11 @@ instance and the run around it. A delta sweep with nothing due does almost no
 engine work, so its wall time minus its `duration_s` is that start-up. The
 first run uses a fresh Dagster instance (created on the way), the next ones
 reuse it, as a deployed instance would.
+
+The same CLI, timed by wall from outside, against the references (issue 20): a steady-state full sweep at the
+bench's row count against the single-stream floor's time (goal: within 1.0x, the CLI's start-up included), and
+queue workers started as `batch-assets queue work --drain` processes against the raw SKIP LOCKED floor
+(goal: at least 0.6x its rate by wall, each worker's start-up included).
 """
 
 from __future__ import annotations
@@ -18,11 +23,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 CLI_TIMEOUT_S = 300
+CLI_FLOOR_GOAL = 1.0
+"""A steady-state full sweep through the CLI, wall included, takes at most this many times the floor's time."""
+QUEUE_CLI_GOAL = 0.6
+"""Queue workers started through the CLI settle at least this fraction of the raw floor's rate, by wall."""
+QUEUE_CLI_PROCESSES = 2
+NOOP_HANDLER = "batch_assets.domains.payments.noop:handle"
 
 
 def _child_env(url: str, key_text: str, home: Path) -> dict[str, str]:
@@ -40,22 +53,110 @@ def _child_env(url: str, key_text: str, home: Path) -> dict[str, str]:
 
 def _cli_run(argv: list[str], env: dict[str, str]) -> tuple[float, dict[str, Any]]:
     """Run `batch-assets ARGV`; (wall seconds, the JSON summary on its last stdout line)."""
+    [(wall, summary)] = _cli_runs([argv], env)
+    return wall, summary
+
+
+def _cli_runs(argvs: list[list[str]], env: dict[str, str]) -> list[tuple[float, dict[str, Any]]]:
+    """Start `batch-assets ARGV` for each ARGV at once; (wall seconds since they all started, JSON summary) each.
+    Every process runs in its own session and is killed (its group) if it outlives the timeout."""
     started = time.perf_counter()
-    proc = subprocess.Popen(
+    procs = [subprocess.Popen(
         [sys.executable, "-m", "batch_assets.cli", *argv],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
+    ) for argv in argvs]
+    results = []
     try:
-        out, errors = proc.communicate(timeout=CLI_TIMEOUT_S)
+        for argv, proc in zip(argvs, procs, strict=True):
+            out, errors = proc.communicate(timeout=CLI_TIMEOUT_S)
+            wall = time.perf_counter() - started
+            if proc.returncode != 0:
+                tail = errors.strip().splitlines()[-1:] or ["no message"]
+                raise RuntimeError(f"batch-assets {' '.join(argv)} exited {proc.returncode}: {tail[0]}")
+            results.append((wall, json.loads(out.strip().splitlines()[-1])))
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        tail = errors.strip().splitlines()[-1:] or ["no message"]
-        raise RuntimeError(f"batch-assets {' '.join(argv)} exited {proc.returncode}: {tail[0]}")
-    return wall, json.loads(out.strip().splitlines()[-1])
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return results
+
+
+@contextmanager
+def _warm_cli_home(url: str, key_text: str, run_date: date) -> Iterator[dict[str, str]]:
+    """A CLI environment whose Dagster instance already exists (one delta with nothing due created it), as on a
+    deployed machine: the figures measured in it carry the warm start-up, not the instance's creation."""
+    with tempfile.TemporaryDirectory(prefix="ba_bench_home_") as home:
+        env = _child_env(url, key_text, Path(home))
+        _cli_run(["sweep", "customer-status", "--mode", "delta", "--run-date", run_date.isoformat()], env)
+        yield env
+
+
+def measure_cli_sweep(url: str, key_text: str, run_date: date, *, workers: int, floor_s: float) -> dict[str, Any]:
+    """A steady-state full sweep through the CLI (`sweep customer-status --mode full`), timed by wall from outside,
+    against the single-stream floor's steady-state time on the same rows (the table must be settled already)."""
+    with _warm_cli_home(url, key_text, run_date) as env:
+        argv = ["sweep", "customer-status", "--mode", "full", "--run-date", run_date.isoformat(),
+                "--workers", str(workers)]
+        wall, summary = _cli_run(argv, env)
+    if summary.get("status") != "SUCCESS":
+        raise RuntimeError(f"CLI full sweep ended {summary.get('status')}: {summary.get('error')}")
+    ratio = round(wall / floor_s, 3) if floor_s > 0 else None
+    return {
+        "command": " ".join(["batch-assets", *argv]),
+        "workers": workers,
+        "cli_wall_s": round(wall, 3),
+        "engine_duration_s": round(float(summary["duration_s"]), 3),
+        "scanned": summary["scanned"],
+        "changed": summary["changed"],
+        "floor_s": round(floor_s, 3),
+        "cli_wall_over_floor": ratio,
+        "within_goal": ratio is not None and ratio <= CLI_FLOOR_GOAL,
+    }
+
+
+def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
+                      floor_per_s: float) -> dict[str, Any]:
+    """`payments` NEW payments drained by QUEUE_CLI_PROCESSES `batch-assets queue work --drain` processes started at
+    once (the no-op plug-in handler), timed by wall from their start to the last one's exit, against the raw
+    floor's rate; each worker's own clock (its summary's duration_s) beside it. Deletes the payments afterwards."""
+    from batch_assets.db.engine import create_engine
+
+    with _warm_cli_home(url, key_text, run_date) as env:
+        env = {**env, "BATCH_ASSETS_PAYMENT_HANDLER": NOOP_HANDLER}
+        engine = create_engine(url, pool_size=1)
+        try:
+            with engine.connect() as conn:
+                busy = conn.exec_driver_sql("SELECT count(*) FROM payments").scalar_one()
+            if busy:
+                raise RuntimeError(f"{busy} payments already in the scratch database: the CLI queue probe needs none")
+            _cli_run(["queue", "work", "--drain"], env)  # nothing due: the worker's start-up alone, warm instance
+            _cli_run(["seed", "payments", "--rows", str(payments)], env)
+            argv = ["queue", "work", "--drain"]
+            results = _cli_runs([argv] * QUEUE_CLI_PROCESSES, env)
+            with engine.connect() as conn:
+                done = conn.exec_driver_sql("SELECT count(*) FROM payments WHERE status = 'DONE'").scalar_one()
+        finally:
+            with engine.begin() as conn:
+                conn.exec_driver_sql("DELETE FROM payments")
+            engine.dispose()
+    wall = max(w for w, _ in results)
+    own = max(float(summary.get("duration_s") or 0.0) for _, summary in results)
+    per_s = payments / wall
+    ratio = round(per_s / floor_per_s, 3) if floor_per_s > 0 else None
+    return {
+        "command": " ".join(["batch-assets", *argv]) + f" (x{QUEUE_CLI_PROCESSES} processes)",
+        "processes": QUEUE_CLI_PROCESSES,
+        "payments": payments,
+        "done": int(done),
+        "cli_wall_s": round(wall, 3),
+        "own_clock_s": round(own, 3),
+        "cli_wall_per_s": round(per_s, 1),
+        "own_clock_per_s": round(payments / own, 1) if own > 0 else None,
+        "floor_per_s": round(floor_per_s, 1),
+        "cli_wall_over_floor": ratio,
+        "within_goal": ratio is not None and ratio >= QUEUE_CLI_GOAL,
+    }
 
 
 def measure_startup(url: str, key_text: str, run_date: date, *, runs: int) -> dict[str, Any]:

@@ -9,9 +9,10 @@ Order of a run (each step prints a progress line on stderr):
    (counting statements per page and the rows a second run writes), delta with 500 due, and
    config-change with its pre-check after a rules change;
 4. EXPLAIN of the delta, full-page and payment-claim queries;
-5. Dagster run start-up of a CLI sweep, on its own;
-6. the queue section (payments domain), then the outbox section (events/s to each broker with confirms,
-   beside a raw client loop, and the drain of a first computation's events, up to 1M, on a database of its own);
+5. Dagster run start-up of a CLI sweep, on its own, and a steady-state full sweep through the CLI against the floor;
+6. the queue section (payments domain) and the same queue drained by `queue work --drain` processes, then the
+   outbox section (events/s to each broker with confirms, beside a raw client loop, and the drain of a first
+   computation's events, up to 1M, on a database of its own);
 7. peak RSS of a whole sweep at N rows and at the small size, each in a fresh process;
 8. the JSON report, the markdown table and the charts under --output-dir.
 """
@@ -124,15 +125,30 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
         _measure_sweeps(report, options, engine, cipher, run_date, say)
         say.next("EXPLAIN (FORMAT JSON) of the delta, full-page and payment-claim queries")
         report["checks"]["plans"] = [*plans.explain_sweep_reads(engine, run_date), plans.explain_claim(engine)]
+        sweeps.run_sweep(engine, cipher, "full", run_date, max(options.workers))  # settled: the CLI's steady state
+        scratch.vacuum(engine)
         engine.dispose()
 
-        say.next(f"Dagster run start-up: {STARTUP_RUNS} CLI delta sweeps with nothing due")
+        say.next(f"Dagster run start-up: {STARTUP_RUNS} CLI delta sweeps with nothing due, then the CLI's wall "
+                 "against the floor (a steady-state full sweep per worker count)")
         report["startup"] = startup.measure_startup(url, key_text, run_date, runs=STARTUP_RUNS)
+        floor_s = report["references"]["floor"]["full_steady_state"]["sweep_s"]
+        report["startup"]["cli_steady_state"] = [
+            startup.measure_cli_sweep(url, key_text, run_date, workers=w, floor_s=floor_s) for w in options.workers]
+        for probe in report["startup"]["cli_steady_state"]:
+            say(f"  CLI full sweep, steady state, {probe['workers']} worker(s): {probe['cli_wall_s']} s wall, "
+                f"{probe['cli_wall_over_floor']}x the floor's {floor_s} s")
 
         say.next(f"queue section: {options.queue_payments:,} payments")
         report["queue"] = queue_section(url, payments=options.queue_payments, quick=options.quick, progress=say)
         if report["queue"]["status"] != "measured":
             say(f"  queue: {report['queue']['status']}: {report['queue']['reason']}")
+        else:
+            say(f"  queue through the CLI: {startup.QUEUE_CLI_PROCESSES} `queue work --drain` processes")
+            report["startup"]["cli_queue"] = cli_queue = startup.measure_cli_queue(
+                url, key_text, run_date, payments=options.queue_payments, floor_per_s=report["queue"]["floor_per_s"])
+            say(f"  {cli_queue['cli_wall_per_s']:,}/s by wall ({cli_queue['cli_wall_over_floor']}x the raw floor), "
+                f"{cli_queue['own_clock_per_s']:,}/s by the workers' own clock")
         outbox_engine = create_engine(url, pool_size=2)
         try:
             report["outbox"] = outbox_section(outbox_engine, quick=options.quick, progress=say)

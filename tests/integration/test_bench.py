@@ -91,6 +91,10 @@ def test_quick_bench_writes_a_complete_report_table_and_charts(bench_run: dict[s
         "customers": 0, "outbox_events": 0, "review_triggers": 0}
     assert all(plan["index_scan"] for plan in report["checks"]["plans"]), report["checks"]["plans"]
     assert report["startup"]["startup_s"] > 0
+    cli = report["startup"]["cli_steady_state"]  # issue 20: the CLI's wall against the floor, per worker count
+    assert [p["workers"] for p in cli] == [1, 4] and all(p["changed"] == 0 and p["scanned"] == ROWS for p in cli)
+    if report["queue"]["status"] == "measured":  # and queue workers started as `queue work --drain` processes
+        assert report["startup"]["cli_queue"]["done"] == report["startup"]["cli_queue"]["payments"] == 200
     assert report["checks"]["peak_rss"]["small"]["rows"] == SMALL_ROWS
     assert _scratch_databases(server_url) == bench_run["scratch_before"]
 
@@ -118,6 +122,7 @@ def test_checker_passes_the_run_and_names_a_missing_queue_section(bench_run: dic
         (lambda r: r["sweep"]["full_first_computation_w4"].update(changed=ROWS - 1), "changed is 9999"),
         (lambda r: r["checks"]["plans"][0].update(index_scan=False), "is not an index scan"),
         (lambda r: r.pop("startup"), "startup is missing"),
+        (lambda r: r["startup"]["cli_steady_state"][0].update(changed=2), "a steady-state sweep changed 2 rows"),
         (lambda r: r["sweep"]["config_change"].update(skipped_by_pre_check=0), "decrypted + skipped_by_pre_check"),
         (lambda r: r["references"]["floor"].pop("full_steady_state"), "full_steady_state is missing"),
         (lambda r: r["checks"]["peak_rss"].update(ratio_large_over_small=2.0), "ratio_large_over_small"),
