@@ -757,7 +757,9 @@ def _expiry(r: Rig, sc: Scenario, watch: HolderWatch, engine: sa.Engine, t_kill:
         _probe(r, sc, victim, "after the failure, before the expiry")
     _wait_for(lambda: not any(left > 0 for _, left in holders(engine, SWEEP_JOB_KEY).values()),
               timeout=sc.facts["lock_ttl_s"] + 30, poll=1.0)
-    _wait_for(lambda: watch.samples and watch.samples[-1][0] > time.time() - 0.5, timeout=5, poll=0.2)
+    # The watch's own samples must have seen both go (it polls every second).
+    _wait_for(lambda: all(watch.gone_at(kind, t_kill)[0] is not None for kind in ("lease", "lock")), timeout=10,
+              poll=0.2)
     gone = {}
     for kind in ("lease", "lock"):
         at, how = watch.gone_at(kind, t_kill)
