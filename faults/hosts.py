@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -265,10 +266,12 @@ class Rig:
         self.home = workdir / "home"
         self.started: list[Running] = []
         self.db_created = False
+        self._names_lock: Any = None
 
     # -- lifetime ---------------------------------------------------------------------------
 
     def open(self) -> None:
+        self._hold_names()
         removed = remove_debris(range(self.hosts[0].index, self.hosts[-1].index + 1))
         if removed:
             log(f"removed debris of an earlier run: {', '.join(removed)}")
@@ -283,7 +286,30 @@ class Rig:
         log(f"{len(self.hosts)} hosts up ({', '.join(f'{h.hostname} {h.address}' for h in self.hosts)}); "
             f"database {self.database}; RabbitMQ vhost {self.vhost.name}")
 
+    def _hold_names(self) -> None:
+        """An exclusive lock on the rig's host names: debris is only what no live rig holds (never another run's)."""
+        import fcntl
+
+        first, last = self.hosts[0].index, self.hosts[-1].index
+        self._names_lock = open(Path(tempfile.gettempdir()) / f"ba-hosts-{PREFIX}{first}-{last}.lock", "w")
+        try:
+            fcntl.flock(self._names_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._names_lock.close()
+            self._names_lock = None
+            raise RuntimeError(f"another rig runs on {PREFIX}{first}..{PREFIX}{last}: wait for it to end") from None
+
     def close(self) -> None:
+        if self._names_lock is None:
+            return  # the names are another rig's: nothing here is ours to remove
+        try:
+            self._close()
+        finally:
+            if self._names_lock is not None:
+                self._names_lock.close()  # the flock goes with it
+                self._names_lock = None
+
+    def _close(self) -> None:
         for running in self.started:
             if running.running():
                 running.kill_group()
@@ -1073,8 +1099,6 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m faults.hosts: --ranges must be 2..64, --rows at least --ranges, --payments at least 10",
               file=sys.stderr)
         return 2
-    import tempfile
-
     workdir = Path(tempfile.mkdtemp(prefix="ba-hosts-"))
     workdir.chmod(0o755)
     started = time.monotonic()
