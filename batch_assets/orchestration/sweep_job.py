@@ -271,6 +271,36 @@ def range_failure(label: str, exc: BaseException, cursor_range: CursorRange) -> 
     )
 
 
+def summarise_op(op_name: str, job_key: str, description: str | None = None) -> dg.OpDefinition:
+    """The summary op of a ranged sweep: merge the ranges, record the run summary, release lock and lease."""
+
+    @dg.op(name=op_name, tags={"kind": "sweep"}, description=description)
+    def summarise(context: dg.OpExecutionContext, results: list[dict], database: DatabaseResource,
+                  job_lock: JobLockResource) -> dict:
+        if not results:
+            # The plan op mapped no range: the run was SKIPPED (recorded there) and holds no lock.
+            context.log.info("no cursor range ran (the run was skipped); nothing to summarise")
+            return {}
+        engine = database.get_engine()
+        first = results[0]
+        mode = first.get("mode")
+        run_date = date.fromisoformat(first["run_date"]) if first.get("run_date") else None
+        started = time.monotonic()
+        try:
+            summary = merge_summaries(results)
+            summary.update(mode=mode, run_date=first.get("run_date"))
+            started_at = started_at_of(results)
+            summary["duration_s"] = round((utcnow() - started_at).total_seconds(), 3)
+            summary = finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
+        finally:
+            release_run_lock(engine, job_lock.lock_for(engine), job_key=job_key,
+                             owner=first.get("owner") or run_owner(root_run_id(context)))
+        context.log.info(f"sweep summary recorded in {time.monotonic() - started:.2f}s")
+        return summary
+
+    return summarise
+
+
 # --- the factory ------------------------------------------------------------------------------------
 
 
@@ -378,28 +408,7 @@ def build_sweep_job(job: SweepJob) -> JobSpec:  # noqa: C901 — the ops are clo
         context.add_output_metadata(metadata)
         return summary
 
-    @dg.op(name=f"{name}__summarise", tags={"kind": "sweep"})
-    def summarise(context: dg.OpExecutionContext, results: list[dict], database: DatabaseResource,
-                  job_lock: JobLockResource) -> dict:
-        if not results:
-            context.log.info("no cursor range ran (the run was skipped); nothing to summarise")
-            return {}
-        engine = database.get_engine()
-        first = results[0]
-        mode = first.get("mode")
-        run_date = date.fromisoformat(first["run_date"]) if first.get("run_date") else None
-        started = time.monotonic()
-        try:
-            summary = merge_summaries(results)
-            summary.update(mode=mode, run_date=first.get("run_date"))
-            started_at = started_at_of(results)
-            summary["duration_s"] = round((utcnow() - started_at).total_seconds(), 3)
-            summary = finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
-        finally:
-            release_run_lock(engine, job_lock.lock_for(engine), job_key=name,
-                             owner=first.get("owner") or run_owner(root_run_id(context)))
-        context.log.info(f"sweep summary recorded in {time.monotonic() - started:.2f}s")
-        return summary
+    summarise = summarise_op(f"{name}__summarise", name)
 
     @dg.op(name=f"{name}__report", out={name: dg.Out(dg.Nothing, is_required=False)},
            ins={"source": dg.In(dg.Nothing)}, tags={"kind": "sweep"})

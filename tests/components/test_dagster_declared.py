@@ -3,8 +3,12 @@ its checks in the same run; a full run maps one step per cursor range (CONTRACT 
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
-from datetime import UTC, datetime
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -32,26 +36,48 @@ def loaded(accounts: sa.Engine, db_url: str, key_text: str, tmp_path: Path,
     return load_defs()
 
 
+ASSET_RUN = """
+import json
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import dagster as dg
+from batch_assets.definitions import defs
+loaded = defs()
+[schedule] = [s for s in loaded.schedules or [] if s.name == "loyalty_tier_delta_schedule"]
+tick = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)  # 00:30 on 1 December in Berlin
+request = schedule._execution_fn(SimpleNamespace(scheduled_execution_time=tick))
+with dg.instance_for_test() as instance:
+    result = loaded.resolve_job_def("loyalty_tier_asset_job").execute_in_process(
+        run_config=request.run_config, instance=instance)
+    [materialized] = result.asset_materializations_for_node("loyalty_tier")
+    print(json.dumps({
+        "success": result.success, "run_key": request.run_key, "cron": schedule.cron_schedule,
+        "timezone": schedule.execution_timezone,
+        "metadata": {k: v.value for k, v in materialized.metadata.items()},
+        "checks": {e.check_name: e.passed for e in result.get_asset_check_evaluations()}}, default=str))
+"""
+
+
 def test_the_delta_schedule_materializes_the_asset_and_runs_its_checks(loaded: dg.Definitions) -> None:
-    schedule = loaded.resolve_schedule_def("loyalty_tier_delta_schedule")
-    assert schedule.cron_schedule == "0 2 * * *" and schedule.execution_timezone == "Europe/Berlin"
-    tick = datetime(2026, 11, 30, 23, 30, tzinfo=UTC)  # 00:30 on 1 December in Berlin
-    with dg.build_schedule_context(scheduled_execution_time=tick) as context:
-        [request] = schedule.evaluate_tick(context).run_requests or []
-    assert request.run_key == "delta:2026-12-01", "the tick's date in the schedule's own time zone"
-    job = loaded.resolve_job_def("loyalty_tier_asset_job")
-    with dg.instance_for_test() as instance:
-        result = job.execute_in_process(run_config=request.run_config, instance=instance)
-        assert result.success
-        [materialized] = result.asset_materializations_for_node("loyalty_tier")
-        checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    metadata = materialized.metadata
-    assert (metadata["scanned"].value, metadata["changed"].value, metadata["failed"].value) == (1000, 999, 1)
-    assert metadata["events"].value == 999 and metadata["conflicts"].value == 0
-    assert "missing_points" in metadata["failed_by_type"].value
-    assert isinstance(metadata["rows_per_s"].value, float)
-    assert {"loyalty_tier_rows_overdue", "loyalty_tier_failures_by_kind"} <= set(checks)
-    assert checks["loyalty_tier_rows_overdue"].passed and checks["loyalty_tier_failures_by_kind"].passed
+    """Run in a process of its own: the asset job's run, as the daemon would start it from the schedule's tick."""
+    proc = subprocess.Popen([sys.executable, "-c", ASSET_RUN], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    run = json.loads(out.strip().splitlines()[-1])
+    assert run["success"] and run["cron"] == "0 2 * * *" and run["timezone"] == "Europe/Berlin"
+    assert run["run_key"] == "delta:2026-12-01", "the tick's date in the schedule's own time zone"
+    metadata = run["metadata"]
+    assert (metadata["scanned"], metadata["changed"], metadata["failed"]) == (1000, 999, 1)
+    assert metadata["events"] == 999 and metadata["conflicts"] == 0
+    assert "missing_points" in metadata["failed_by_type"] and isinstance(metadata["rows_per_s"], float)
+    assert run["checks"] == {"loyalty_tier_rows_overdue": True, "loyalty_tier_failures_by_kind": True}
 
 
 def test_a_full_run_maps_one_step_per_cursor_range(loaded: dg.Definitions, accounts: sa.Engine) -> None:

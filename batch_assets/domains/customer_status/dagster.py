@@ -46,7 +46,6 @@ from batch_assets.locking.run_guard import (
     acquire_run_lock,
     joined_guard,
     release_failed_run,
-    release_run_lock,
     run_owner,
 )
 from batch_assets.orchestration.automation import IN_PROGRESS, schedule_timezone, tick_date
@@ -76,9 +75,8 @@ from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.sweep_job import (
     RANGE_COLUMNS,
     merge_range_records,
-    merge_summaries,
     record_range,
-    started_at_of,
+    summarise_op,
 )
 from batch_assets.shutdown import STOP
 
@@ -329,34 +327,10 @@ def log_termination(
     )
 
 
-@dg.op(tags={"kind": "sweep"})
-def summarise_sweep(
-    context: dg.OpExecutionContext,
-    results: list[dict],
-    database: DatabaseResource,
-    job_lock: JobLockResource,
-) -> dict:
-    """Merge the ranges, record the run summary, release lock and lease (report_customer_status reports the assets)."""
-    if not results:
-        # plan_sweep mapped no range: the run was SKIPPED (recorded there) and holds no lock.
-        context.log.info("no cursor range ran (the run was skipped); nothing to summarise")
-        return {}
-    engine = database.get_engine()
-    first = results[0]
-    mode = first.get("mode")
-    run_date = date.fromisoformat(first["run_date"]) if first.get("run_date") else None
-    started = time.monotonic()
-    try:
-        summary = merge_summaries(results)
-        summary.update(mode=mode, run_date=first.get("run_date"))
-        started_at = started_at_of(results)
-        summary["duration_s"] = round((utcnow() - started_at).total_seconds(), 3)
-        summary = finish(context, engine, summary=summary, started_at=started_at, mode=mode, run_date=run_date)
-    finally:
-        release_run_lock(engine, job_lock.lock_for(engine), job_key=SWEEP_JOB_KEY,
-                         owner=first.get("owner") or run_owner(_root_run_id(context)))
-    context.log.info(f"sweep summary recorded in {time.monotonic() - started:.2f}s")
-    return summary
+summarise_sweep = summarise_op(
+    "summarise_sweep", SWEEP_JOB_KEY,
+    "Merge the ranges, record the run summary, release lock and lease (report_customer_status reports the assets).",
+)
 
 
 
