@@ -140,3 +140,13 @@ def test_a_declaration_that_cannot_work_exits_2(
 def test_an_unknown_queue_exits_2(queue_env: dict[str, str]) -> None:
     result = run_cli(queue_env, "queue", "stats", "--queue", "nosuch")
     assert result.returncode == EXIT_USAGE and "queue" in result.stderr and "nosuch" in result.stderr, result.describe()
+
+
+def test_jobs_list_shows_the_declared_queue_job(queue_env: dict[str, str], engine: sa.Engine) -> None:
+    """The declared queue is a job of the code location: `<name>_queue_job`, with the worker's run config."""
+    _create_table(engine)
+    jobs = {job["name"]: job for job in ok(queue_env, "jobs", "list")["jobs"]}
+    assert "notifications_queue_job" in jobs and "payment_queue_drain_job" in jobs
+    fields = jobs["notifications_queue_job"]["fields"]
+    names = {f["name"] for f in fields} if isinstance(fields, list) else set(fields)
+    assert {"concurrency", "max_seconds", "drain", "batch_size", "db_outage_s"} <= names, fields
