@@ -8,8 +8,6 @@ every domain's Dagster module, the HTTP client (alerts) and pandas (run metadata
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from datetime import date
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from helpers import kill_session
 
 from batch_assets.crypto import DobCipher
 from batch_assets.domains.customer_status.seed import seed_customers
@@ -60,9 +59,7 @@ def _cli_modules(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[
     try:
         out, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_session(proc)
     assert proc.returncode == 0, err[-2000:]
     return json.loads(out.strip().splitlines()[-1]), set(json.loads(listing.read_text()))
 
