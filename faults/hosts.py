@@ -712,9 +712,12 @@ def _sweep_kill_and_resume(r: Rig, sc: Scenario, engine: sa.Engine, *, rows: int
 
 def _lost_steps(tl: Timeline, err_path: Path) -> None:
     """The celery executor's "stopped reporting step" errors in the launcher's log, at their own (second) times."""
+    seen: set[str] = set()
     for line in err_path.read_text(errors="replace").splitlines():
-        if "stopped reporting step" not in line:
-            continue
+        step = line.split("stopped reporting step ", 1)[-1].split(" ", 1)[0] if "stopped reporting step" in line else ""
+        if not step or step in seen:
+            continue  # the run's failure repeats each message: the first is when it was declared
+        seen.add(step)
         try:
             at = datetime.strptime(line[:25], "%Y-%m-%d %H:%M:%S %z").timestamp()
         except ValueError:
