@@ -27,9 +27,15 @@ RangesOf = Callable[[Mapping[str, Any]], int]
 
 
 def plan_op_config(run_config: Mapping[str, Any] | None, plan_op: str) -> Mapping[str, Any]:
-    """The config of the job's plan op in a run config (empty when the run config has none)."""
-    ops = (run_config or {}).get("ops") or {}
-    return ((ops.get(plan_op) or {}).get("config")) or {}
+    """The config of the job's plan op in a run config (empty when the run config has none).
+
+    `plan_op` is the op's name, or a dotted path for an op inside a graph: a graph-backed asset's plan op
+    `customer_status_sweep.plan_sweep` is configured at `ops.customer_status_sweep.ops.plan_sweep.config`.
+    """
+    node: Mapping[str, Any] = run_config or {}
+    for name in plan_op.split("."):
+        node = ((node.get("ops") or {}).get(name)) or {}
+    return node.get("config") or {}
 
 
 def in_one_process(run_config: Mapping[str, Any] | None, plan_op: str, ranges_of: RangesOf) -> bool:

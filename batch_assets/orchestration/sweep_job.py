@@ -456,7 +456,8 @@ def build_sweep_job(job: SweepJob) -> JobSpec:  # noqa: C901 — the ops are clo
     asset_job = dg.define_asset_job(
         f"{name}_asset_job", selection=dg.AssetSelection.assets(asset_key),
         description=f"Materialize {name} (plan → cursor ranges → summary) and run its checks. Config: "
-        f"ops.{name}.ops.{plan_name}.config.", tags=SWEEP_TAGS, executor_def=ranges_executor(plan_name, ranges_of),
+        f"ops.{name}.ops.{plan_name}.config.", tags=SWEEP_TAGS,
+        executor_def=ranges_executor(f"{name}.{plan_name}", ranges_of),
     )
     checks = _checks(job, asset_key)
     return JobSpec(

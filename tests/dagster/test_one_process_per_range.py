@@ -101,3 +101,10 @@ def test_in_process_config_still_forces_one_process(tmp_path: Path) -> None:
 )
 def test_in_one_process_reads_the_runs_own_config(run_config: Any, expected: bool) -> None:
     assert in_one_process(run_config, "plan", ranges_of) is expected
+
+
+def test_a_graph_backed_assets_plan_op_is_found_under_its_node() -> None:
+    nested = {"ops": {"sweep": {"ops": {"plan": {"config": {"mode": "delta"}}}}}}
+    assert in_one_process(nested, "sweep.plan", ranges_of)
+    assert not in_one_process({"ops": {"sweep": {"ops": {"plan": {"config": {"mode": "full"}}}}}}, "sweep.plan",
+                              ranges_of)

@@ -22,7 +22,7 @@ rules sensor and "Materialize" in the UI start). Lineage:
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import date, datetime
@@ -33,7 +33,7 @@ import sqlalchemy as sa
 
 from batch_assets import run_history
 from batch_assets.domains.customer_status import sql
-from batch_assets.domains.customer_status.job import CustomerStatusSettings, checkpoint_fingerprint
+from batch_assets.domains.customer_status.job import DEFAULT_RANGES, CustomerStatusSettings, checkpoint_fingerprint
 from batch_assets.domains.customer_status.rules_store import current_rules
 from batch_assets.domains.customer_status.sweep import SWEEP_NAME
 from batch_assets.engine.definition import CursorRange
@@ -51,6 +51,7 @@ from batch_assets.locking.run_guard import (
 from batch_assets.orchestration.automation import IN_PROGRESS, schedule_timezone, tick_date
 from batch_assets.orchestration.celery import celery_on_redis_executor
 from batch_assets.orchestration.config import JobConfig, config_class
+from batch_assets.orchestration.executors import in_one_process, ranges_executor
 from batch_assets.orchestration.metadata import counts_table, observable_table, records_table, run_numbers
 from batch_assets.orchestration.ops import (
     config_failure,
@@ -133,11 +134,23 @@ def _root_run_id(context: dg.OpExecutionContext) -> str:
     return context.run.root_run_id or context.run_id
 
 
+SWEEP_GRAPH_NODE = "customer_status_sweep"
+"""The graph-backed asset's node in customer_status_asset_job: its ops' config nests under it."""
+
+
+def ranges_of(op_config: Mapping[str, Any]) -> int:
+    """How many cursor ranges a run has, from plan_sweep's config: a delta is one range (`ranges_executor`)."""
+    if op_config.get("mode") == "delta":
+        return 1
+    return int(op_config.get("ranges") or DEFAULT_RANGES)
+
+
 def _in_process(context: dg.OpExecutionContext) -> bool:
-    """Whether every op of this run executes in this process (the in_process executor)."""
-    run_config: dict[str, Any] = dict(context.run.run_config or {})
-    execution = run_config.get("execution") or {}
-    return "in_process" in (execution.get("config") or {})
+    """Whether every op of this run executes in this process (`ranges_executor`'s rule for the two jobs that
+    carry it; the celery variant's steps run on celery workers, never here)."""
+    plan_op = {"customer_status_sweep_job": "plan_sweep",
+               "customer_status_asset_job": f"{SWEEP_GRAPH_NODE}.plan_sweep"}.get(context.job_name)
+    return plan_op is not None and in_one_process(context.run.run_config, plan_op, ranges_of)
 
 
 def config_from_run(op_config: Any) -> JobConfig:
@@ -480,6 +493,8 @@ customer_status_sweep_job = customer_status_sweep_graph.to_job(
     description="Recompute age_category / next_review_date (delta, full or config-change) over cursor ranges "
     "(the job the CLI launches; customer_status_asset_job is the same sweep as assets).",
     tags=SWEEP_TAGS,
+    # A delta (one range) runs in the run worker's own process; several ranges get a process per step.
+    executor_def=ranges_executor("plan_sweep", ranges_of),
 )
 
 customer_status_asset_job = dg.define_asset_job(
@@ -489,6 +504,7 @@ customer_status_asset_job = dg.define_asset_job(
     "(plan → cursor ranges → summary) and run their asset checks. Config: "
     "ops.customer_status_sweep.ops.plan_sweep.config (mode, run_date, ...).",
     tags=SWEEP_TAGS,
+    executor_def=ranges_executor(f"{SWEEP_GRAPH_NODE}.plan_sweep", ranges_of),
 )
 
 customer_status_sweep_celery_job = customer_status_sweep_graph.to_job(
@@ -514,8 +530,6 @@ def release_after_failure(root_run_id: str, engine: sa.Engine, redis_url: str | 
 
 # --- schedules and the rules sensor -----------------------------------------------------------
 
-SWEEP_GRAPH_NODE = "customer_status_sweep"
-"""The graph-backed asset's node in customer_status_asset_job: its ops' config nests under it."""
 
 
 def sweep_run_config(config: JobConfig) -> dict:
