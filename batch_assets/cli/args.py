@@ -134,11 +134,13 @@ def payment_id(text: str) -> str:
     return text
 
 
-def add_setting(parser: argparse.ArgumentParser, model: type[SettingsModel], name: str, **extra: Any) -> None:
-    """`--NAME` (underscores as dashes) for field `name` of a job's settings model: its type, bounds, choices and
-    help derive from the field. Not given = None (the model's default); a flag field is `store_true`."""
+def add_setting(parser: argparse.ArgumentParser, model: type[SettingsModel], name: str, *, flag: str | None = None,
+                **extra: Any) -> None:
+    """`--NAME` (underscores as dashes; `flag` when the contract names the option otherwise) for field `name` of a
+    job's settings model: its type, bounds, choices and help derive from the field. Not given = None (the model's
+    default); a flag field is `store_true`."""
     info = model.model_fields[name]
-    flag = "--" + name.replace("_", "-")
+    flag = flag or "--" + name.replace("_", "-")
     options: dict[str, Any] = {"default": None, "help": describe(info)}
     kind = scalar_type(info.annotation)
     low, high = bounds(info)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from batch_assets.cli.args import (
-    positive,
-)
+from batch_assets.cli.args import add_setting
 from batch_assets.cli.common import (
     build_config,
     run_job,
@@ -30,9 +28,9 @@ def register(sub: Any) -> None:
     """outbox relay"""
     outbox = sub.add_parser("outbox", help="the outbox").add_subparsers(dest="outbox_command", required=True)
     rl = outbox.add_parser("relay", help="send PENDING outbox events to the sink")
-    rl.add_argument("--batch-size", type=positive("batch-size"), default=None)
-    rl.add_argument("--follow", action="store_true",
-                    help="keep relaying until SIGTERM/SIGINT, woken by a notification on every new event")
-    rl.add_argument("--max-seconds", type=positive("max-seconds"), default=None,
-                    help="with --follow: stop after this many seconds")
+    from batch_assets.domains.outbox.relay import OutboxRelayJobSettings as relay
+
+    add_setting(rl, relay, "batch_size")
+    add_setting(rl, relay, "follow")
+    add_setting(rl, relay, "follow_seconds", flag="--max-seconds", dest="max_seconds")
     rl.set_defaults(func=cmd_outbox_relay)

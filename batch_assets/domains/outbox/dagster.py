@@ -8,7 +8,6 @@ The events are the customer-status sweep's `outbox_events` asset; the relay obse
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -16,8 +15,7 @@ from pydantic import Field
 
 from batch_assets.domains.outbox import sql
 from batch_assets.domains.outbox.relay import (
-    MAX_BATCH,
-    RelaySettings,
+    OutboxRelayJobSettings,
     backlog,
     follow_outbox,
     relay_outbox,
@@ -35,7 +33,7 @@ from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import LockNotAcquired
 from batch_assets.locking.guard import job_guard
 from batch_assets.orchestration.automation import schedule_timezone, tick_minute
-from batch_assets.orchestration.config import JobConfig, count_field, seconds_field
+from batch_assets.orchestration.config import config_class
 from batch_assets.orchestration.metadata import counts_table, run_numbers
 from batch_assets.orchestration.ops import (
     FAILURE,
@@ -51,53 +49,19 @@ from batch_assets.orchestration.ops import (
 )
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
 from batch_assets.orchestration.spec import JobSpec
-from batch_assets.settings import OUTBOX_SINK_VAR, Settings, load_settings
+from batch_assets.settings import OUTBOX_SINK_VAR, Settings, check_outbox_sink
 from batch_assets.shutdown import STOP
 
 OUTBOX_RELAY_JOB_KEY = "outbox_relay"
-DEFAULT_BATCH_SIZE = 500
 
 
 # --- config ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RelayPlan:
-    """The validated run config."""
-
-    follow: bool
-    follow_seconds: float | None
-    engine: RelaySettings
-
-    @property
-    def batch_size(self) -> int:
-        return self.engine.batch_size
-
-
-class OutboxRelayConfig(JobConfig):
-    """The outbox relay (PENDING → sink → SENT). 0 or missing = the documented default."""
-
-    batch_size: int = count_field(str(DEFAULT_BATCH_SIZE), maximum=MAX_BATCH, description="Events per batch.")
-    follow: bool = Field(
-        default=False,
-        description="Keep relaying, woken by a PostgreSQL notification on every new event, until stopped "
-        "(or follow_seconds pass). Default false: one pass until nothing is pending.",
-    )
-    follow_seconds: float = seconds_field("until stopped", description="With follow: stop after this many seconds.")
-    claim_lease_s: float = seconds_field(
-        "60", description="Claim lease of a batch (s); another relay may take it after."
-    )
-    send_timeout_s: float = seconds_field("10", description="Timeout of one send to the sink (s), below claim_lease_s.")
-
-    def to_settings(self) -> RelayPlan:
-        """Validate everything (ConfigError naming the field) and return the plan + relay settings."""
-        self.check_fields()
-        engine = RelaySettings(
-            batch_size=self.batch_size or DEFAULT_BATCH_SIZE,
-            claim_lease_s=self.claim_lease_s or RelaySettings.claim_lease_s,
-            send_timeout_s=self.send_timeout_s or RelaySettings.send_timeout_s,
-        ).check()
-        return RelayPlan(follow=self.follow, follow_seconds=self.follow_seconds or None, engine=engine)
+OutboxRelayConfig = config_class(
+    OutboxRelayJobSettings, "OutboxRelayConfig", "The outbox relay (PENDING → sink → SENT).",
+    fields=("follow", "follow_seconds", "batch_size", "claim_lease_s", "send_timeout_s"),
+)
 
 
 # --- sinks (one resource class per broker; BATCH_ASSETS_OUTBOX_SINK picks one in the definitions) -----------
@@ -114,11 +78,11 @@ class OutboxSinkResource(dg.ConfigurableResource):
 class FileSinkResource(OutboxSinkResource):
     """A JSON-lines file, fsynced per batch (BATCH_ASSETS_OUTBOX_SINK=file:PATH, or unset)."""
 
-    path: str | None = Field(default=None, description="The file. Unset: <BATCH_ASSETS_HOME>/outbox.jsonl.")
+    path: str = Field(description="The file: BATCH_ASSETS_OUTBOX_SINK=file:PATH, unset "
+                      "<BATCH_ASSETS_HOME>/outbox.jsonl (resolved when the code location loads).")
 
     def open_sink(self, timeout_s: float) -> Sink:
-        sink = load_settings().outbox_sink if self.path is None else None
-        return JsonLinesSink(self.path or (sink.location if sink else "outbox.jsonl"))
+        return JsonLinesSink(self.path)
 
 
 class RedisSinkResource(OutboxSinkResource):
@@ -160,9 +124,9 @@ class NatsSinkResource(OutboxSinkResource):
 
 def sink_resources(settings: Settings) -> dict[str, OutboxSinkResource]:
     """The sink resource BATCH_ASSETS_OUTBOX_SINK names (checked by load_settings); a URL reaches it as an EnvVar."""
-    target = settings.outbox_sink
-    if target is None or target.kind == "file":
-        return {"outbox_sink": FileSinkResource(path=target.location if target else None)}
+    target = settings.outbox_sink or check_outbox_sink(None, settings.home)
+    if target.kind == "file":
+        return {"outbox_sink": FileSinkResource(path=target.location)}
     url: Any = dg.EnvVar(OUTBOX_SINK_VAR)
     if target.kind == "redis":
         return {"outbox_sink": RedisSinkResource(url=url)}
@@ -212,7 +176,7 @@ def relay_outbox_events(
     started_at = utcnow()
     plan = validated_plan(config_of(OutboxRelayConfig, context))  # a bad field: one line naming it, no stack trace
     engine = database.get_engine()
-    sink = outbox_sink.open_sink(plan.engine.send_timeout_s)
+    sink = outbox_sink.open_sink(plan.send_timeout_s)
     try:
         with stop_on_interrupt(), job_guard(
             engine, job_key=OUTBOX_RELAY_JOB_KEY, run_id=context.run_id, settings=RELAY_GUARD,
@@ -222,13 +186,13 @@ def relay_outbox_events(
                 deadline = time.monotonic() + plan.follow_seconds if plan.follow_seconds else None
                 context.log.info("outbox relay: following (woken by notifications) until stopped")
                 outcome = follow_outbox(
-                    engine, sink=sink, owner=guard.owner, settings=plan.engine, stop=STOP,
+                    engine, sink=sink, owner=guard.owner, settings=plan, stop=STOP,
                     alive=lambda: guard.alive() and (deadline is None or time.monotonic() < deadline),
                 )
                 if not guard.alive():  # another relay took lock or lease over: this one must not go on
                     outcome = dataclasses.replace(outcome, error="LeaseLost")
             else:
-                outcome = relay_outbox(engine, sink=sink, owner=guard.owner, settings=plan.engine, stop=STOP)
+                outcome = relay_outbox(engine, sink=sink, owner=guard.owner, settings=plan, stop=STOP)
     except LockNotAcquired as exc:
         summary = empty_summary(SKIPPED, context.run_id, reason=str(exc))
         return finish(context, engine, summary=summary, started_at=started_at)

@@ -32,15 +32,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import sqlalchemy as sa
+from pydantic import Field, model_validator
 from sqlalchemy.pool import PoolProxiedConnection
 
 from batch_assets.db.engine import driver_connection
 from batch_assets.domains.outbox import sql
 from batch_assets.domains.outbox.sinks import Sink, SinkNotConfirmed
 from batch_assets.errors import ConfigError
+from batch_assets.settings_model import SettingsModel
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,10 @@ unusually large payloads ever cut a batch short of batch_size)."""
 MIN_BATCH_BYTES = 1024
 MAX_BATCH_BYTES = 1024 * 1024 * 1024
 NOTIFY_CHANNEL = "batch_assets_outbox"
+MAX_RELAY_SECONDS = 3600.0
+"""Upper bound of every relay duration knob (s)."""
+MAX_FOLLOW_SECONDS = 7 * 86_400.0
+"""Upper bound of follow_seconds: a week."""
 
 @dataclass(frozen=True)
 class OutboxEvent:
@@ -78,33 +84,43 @@ class OutboxEvent:
         }
 
 
-@dataclass(frozen=True)
-class RelaySettings:
-    """Knobs of the relay (validated by `check`)."""
+class RelaySettings(SettingsModel):
+    """Knobs of the relay: bounds, defaults and the cross-field rule in one place (validated when built)."""
 
-    batch_size: int = 500
-    batch_bytes: int = DEFAULT_BATCH_BYTES
-    """Payload bytes per batch (stored size): a batch holds at most this much, or its first event."""
-    claim_lease_s: float = 60.0  # a claim older than this may be taken by another relay
-    send_timeout_s: float = 10.0  # the sink's connect/reply timeout
-    poll_s: float = 5.0  # follow mode: longest wait without a notification
-    backoff_s: float = 0.5  # follow mode: first wait after a failure, doubled up to backoff_max_s
-    backoff_max_s: float = 30.0
+    batch_size: int = Field(default=500, ge=1, le=MAX_BATCH, description="Events per batch.")
+    batch_bytes: int = Field(
+        default=DEFAULT_BATCH_BYTES, ge=MIN_BATCH_BYTES, le=MAX_BATCH_BYTES,
+        description="Payload bytes per batch (stored size): a batch holds at most this much, or its first event.")
+    claim_lease_s: float = Field(default=60.0, gt=0, le=MAX_RELAY_SECONDS,
+                                 description="Claim lease of a batch (s); another relay may take it after.")
+    send_timeout_s: float = Field(default=10.0, gt=0, le=MAX_RELAY_SECONDS,
+                                  description="Timeout of one send to the sink (s), below claim_lease_s.")
+    poll_s: float = Field(default=5.0, gt=0, le=MAX_RELAY_SECONDS,
+                          description="Follow mode: longest wait without a notification (s).")
+    backoff_s: float = Field(default=0.5, gt=0, le=MAX_RELAY_SECONDS,
+                             description="Follow mode: first wait after a failure (s), doubled up to backoff_max_s.")
+    backoff_max_s: float = Field(default=30.0, gt=0, le=MAX_RELAY_SECONDS,
+                                 description="Follow mode: longest wait after failures (s).")
 
-    def check(self) -> RelaySettings:
-        size = self.batch_size
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH:
-            raise ConfigError(f"must be an integer in 1..{MAX_BATCH}", field="batch_size")
-        budget = self.batch_bytes
-        if isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BATCH_BYTES <= budget <= MAX_BATCH_BYTES:
-            raise ConfigError(f"must be an integer in {MIN_BATCH_BYTES}..{MAX_BATCH_BYTES}", field="batch_bytes")
-        for name in ("claim_lease_s", "send_timeout_s", "poll_s", "backoff_s", "backoff_max_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
-                raise ConfigError(f"must be a number in (0, 3600], got {value!r}", field=name)
+    @model_validator(mode="after")
+    def _send_within_lease(self) -> Self:
         if self.send_timeout_s >= self.claim_lease_s:
             raise ConfigError("must be shorter than claim_lease_s", field="send_timeout_s")
         return self
+
+
+class OutboxRelayJobSettings(RelaySettings):
+    """The relay job's settings (`outbox relay`, the launchpad): one pass or follow, on top of the relay's knobs."""
+
+    follow: bool = Field(
+        default=False,
+        description="Keep relaying, woken by a PostgreSQL notification on every new event, until stopped "
+        "(or follow_seconds pass). Default false: one pass until nothing is pending.",
+    )
+    follow_seconds: float | None = Field(
+        default=None, gt=0, le=MAX_FOLLOW_SECONDS,
+        description="With follow: stop after this many seconds. Default: until stopped.",
+    )
 
 
 @dataclass(frozen=True)
@@ -263,7 +279,7 @@ def relay_outbox(
 
     `start_after`: claim only ids above it (follow mode's passes between two rescans, see follow_outbox);
     `free_dead`: first release the claims of relays whose process is gone (follow mode does it once a rescan)."""
-    settings = (settings or RelaySettings(batch_size=batch_size)).check()
+    settings = settings or RelaySettings(batch_size=batch_size)
     started = time.monotonic()
     sent = batches = 0
     last_id = start_after
@@ -343,7 +359,6 @@ def follow_outbox(
     failure, a pass starts at the first id again (a rescan): it picks up an event whose id is below the mark but
     whose transaction committed late, and it frees dead relays' claims.
     """
-    settings = settings.check()
     started = time.monotonic()
     sent = batches = failures = 0
     backoff = settings.backoff_s
