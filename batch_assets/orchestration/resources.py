@@ -161,10 +161,15 @@ class CheckpointsResource(dg.ConfigurableResource):
         return CheckpointStore(engine)
 
 
-def _env(name: str) -> Any:
-    # Only the *presence* is read here, never the value: the value is resolved by Dagster
-    # through EnvVar when the resource is initialised (and shown in the UI by name only).
+def env_if_set(name: str) -> Any:
+    """`dg.EnvVar(name)` when the variable is set, else None (a resource field's "unset" default).
+
+    Only the *presence* is read here, never the value: the value is resolved by Dagster through EnvVar when
+    the resource is initialised (and shown in the UI by name only)."""
     return dg.EnvVar(name) if os.environ.get(name, "").strip() else None
+
+
+_env = env_if_set
 
 
 def default_resources() -> dict[str, Any]:

@@ -51,3 +51,24 @@ def test_unimportable_plugin_fails_the_run_before_claiming(
         assert conn.execute(sa.text("SELECT status, attempts, count(*) FROM payments GROUP BY 1, 2")).all() == [
             ("NEW", 0, 3)
         ]
+
+
+def test_the_handler_is_a_resource_bound_by_env_var(dagster_env: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain takes its handler from the payment_handler resource: BATCH_ASSETS_PAYMENT_HANDLER and
+    BATCH_ASSETS_LIMITS_URL reach it as EnvVars (shown by name, never by value); unset = None (the simulation)."""
+    from batch_assets.definitions import defs as load_defs
+    from batch_assets.domains.payments.dagster import PaymentHandlerResource
+    from batch_assets.domains.payments.handler import SimulatedHandler
+    from batch_assets.domains.queue.settings import QueueSettings
+
+    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.domains.payments.noop:handle")
+    monkeypatch.setenv("BATCH_ASSETS_LIMITS_URL", "http://127.0.0.1:9/limits")
+    resource = load_defs().resources["payment_handler"]  # type: ignore[index]
+    assert isinstance(resource, PaymentHandlerResource)
+    assert isinstance(resource.plugin, dg.EnvVar) and resource.plugin.env_var_name == "BATCH_ASSETS_PAYMENT_HANDLER"
+    assert isinstance(resource.limits_url, dg.EnvVar) and resource.limits_url.env_var_name == "BATCH_ASSETS_LIMITS_URL"
+    monkeypatch.delenv("BATCH_ASSETS_PAYMENT_HANDLER")
+    monkeypatch.delenv("BATCH_ASSETS_LIMITS_URL")
+    unset = load_defs().resources["payment_handler"]  # type: ignore[index]
+    assert unset.plugin is None and unset.limits_url is None
+    assert isinstance(unset.handler(QueueSettings()), SimulatedHandler)

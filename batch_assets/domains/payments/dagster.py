@@ -10,12 +10,16 @@ import time
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
 from batch_assets.domains.payments import sql
 from batch_assets.domains.payments.declaration import PAYMENTS_QUEUE
+from batch_assets.domains.payments.handler import PAYMENT_HANDLER_VAR, default_handler
 from batch_assets.domains.payments.queue import dlq_size, queue_stats
 from batch_assets.domains.payments.worker import BREAKER_CODES, run_worker
 from batch_assets.domains.queue.dagster import QueueDrainPlan, QueueWorkConfig
+from batch_assets.domains.queue.handler import Handler
+from batch_assets.domains.queue.settings import QueueSettings
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import IN_PROGRESS
 from batch_assets.orchestration.metadata import counts_table, observable_table
@@ -30,9 +34,10 @@ from batch_assets.orchestration.ops import (
     validated_plan,
 )
 from batch_assets.orchestration.progress import OpProgress
-from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
+from batch_assets.orchestration.resources import DatabaseResource, JobLockResource, env_if_set
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.watchdog import fail_if_dead
+from batch_assets.settings import LIMITS_URL_VAR, Settings
 from batch_assets.shutdown import STOP
 
 NIGHTLY = "nightly_jobs"
@@ -54,6 +59,31 @@ class QueueDrainConfig(QueueWorkConfig):
         return self.plan(PAYMENTS_QUEUE.settings)
 
 
+# --- the handler (CONTRACT §7) -----------------------------------------------------------------
+
+
+class PaymentHandlerResource(dg.ConfigurableResource):
+    """The payments' handler of a worker run (CONTRACT §7): BATCH_ASSETS_PAYMENT_HANDLER when set, else the POST
+    to BATCH_ASSETS_LIMITS_URL, else the simulated handler (demo). Both reach it only through EnvVar."""
+
+    plugin: str | None = Field(
+        default=None, description="`module:function` of your own handler (EnvVar BATCH_ASSETS_PAYMENT_HANDLER). "
+        "Unset: the limits service, else the simulation.")
+    limits_url: str | None = Field(
+        default=None, description="The limits service (EnvVar BATCH_ASSETS_LIMITS_URL). Unset: the simulation.")
+
+    def handler(self, settings: QueueSettings) -> Handler:
+        """The handler for one run with `settings` (an unimportable plug-in: ConfigError naming the variable)."""
+        return default_handler(self.limits_url or None, settings.http_timeout_s, concurrency=settings.concurrency,
+                               plugin=(self.plugin or "").strip() or None)
+
+
+def payment_resources(settings: Settings) -> dict[str, Any]:
+    """The payment job's own resource: the handler, its variables bound by EnvVar when they are set."""
+    return {"payment_handler": PaymentHandlerResource(plugin=env_if_set(PAYMENT_HANDLER_VAR),
+                                                      limits_url=env_if_set(LIMITS_URL_VAR))}
+
+
 # --- op and job ----------------------------------------------------------------------------
 
 
@@ -61,13 +91,14 @@ class QueueDrainConfig(QueueWorkConfig):
 def drain_payment_queue(
     context: dg.OpExecutionContext,
     database: DatabaseResource,
+    payment_handler: PaymentHandlerResource,
 ) -> dict:
     """Process due payments: until nothing is due (drain), or resident until stopped or max_seconds."""
 
     started_at = utcnow()
     plan = validated_plan(config_of(QueueDrainConfig, context))  # a bad field: one line naming it, no stack trace
     try:  # an unimportable BATCH_ASSETS_PAYMENT_HANDLER fails the run before anything is claimed
-        handler = PAYMENTS_QUEUE.make_handler(plan.engine)
+        handler = payment_handler.handler(plan.engine)
     except ConfigError as exc:
         raise config_failure(exc) from None
     # The worker runs on two connections of its own; the pool serves the bookkeeping around it.
@@ -274,4 +305,5 @@ SPEC = JobSpec(
     asset_checks=[no_payment_stuck_in_processing, dead_letter_queue_size],
     sensors=build_sensors,
     asset_jobs=[payment_status_observation_job],
+    resources=payment_resources,
 )
