@@ -88,7 +88,7 @@ WORKER_SCRIPT = textwrap.dedent(
     url, limits_url, knobs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    settings = QueueSettings.build(**knobs)
+    settings = QueueSettings(**knobs)
     handler = HttpLimitsHandler(limits_url, settings.http_timeout_s, max_connections=settings.concurrency)
     result = run_worker(create_engine(url, pool_size=2), settings, handler=handler, stop=stop, drain=False)
     print(json.dumps(result.to_summary("test")), flush=True)

@@ -8,9 +8,8 @@ import sys
 from typing import Any
 
 from batch_assets.cli.args import (
+    add_setting,
     at_least_one,
-    decimal,
-    positive,
     priority_value,
     seed_value,
 )
@@ -163,13 +162,14 @@ def register(sub: Any) -> None:
     en.add_argument("--priority", type=priority_value, default=0,
                     help="higher is claimed first; a due payment gains 1 per minute it waits (default 0)")
     en.set_defaults(func=cmd_queue_enqueue)
+    from batch_assets.domains.queue.settings import QueueRunSettings
+
     wk = queue.add_parser("work", help="the resident worker (until SIGTERM/SIGINT, --max-seconds or --drain)")
     _queue_option(wk)
-    wk.add_argument("--concurrency", type=positive("concurrency"), default=None)
-    wk.add_argument("--max-seconds", type=decimal("max_seconds"), default=None)
-    wk.add_argument("--drain", action="store_true", help="exit once nothing is due")
-    wk.add_argument("--db-outage-s", type=positive("db-outage-s"), default=None,
-                    help="seconds a lost database connection is retried before the worker fails (default 60, max 600)")
+    add_setting(wk, QueueRunSettings, "concurrency")
+    add_setting(wk, QueueRunSettings, "max_seconds")
+    add_setting(wk, QueueRunSettings, "drain", help="exit once nothing is due (default: the resident worker)")
+    add_setting(wk, QueueRunSettings, "db_outage_s")
     wk.set_defaults(func=cmd_queue_work)
     st = queue.add_parser("stats", help="counts by status, oldest_due_s, dlq_size, breaker (JSON)")
     _queue_option(st)

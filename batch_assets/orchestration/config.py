@@ -10,15 +10,11 @@ model, the one place a value is validated:
   (exit 2);
 * the job's first op does the same before any read or write (the launchpad and GraphQL only type-check
   config before the run starts) and turns a ConfigError into a one-line, non-retriable failure.
-
-`count_field` / `seconds_field` / `check_fields` (0 = default, bounds checked again by `to_settings`) remain
-only for the jobs not yet on a settings model (the queue drain, the outbox relay); they go with them.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping
 from datetime import date
 from typing import Any, ClassVar, Self
@@ -37,53 +33,9 @@ MAX_SECONDS = 7 * 86_400
 """Upper bound of any duration knob (seconds) that has no tighter one: a week."""
 MAX_RETRIES = 1000
 
-def count_field(default_text: str, *, maximum: float = MAX_COUNT, description: str) -> Any:
-    """A whole-number knob: 0 = `default_text`, at most `maximum`."""
-    return Field(default=0, ge=0, le=maximum, description=f"{description} 0 = {default_text}; at most {maximum:g}.")
-
-
-def seconds_field(default_text: str, *, maximum: float = MAX_SECONDS, description: str) -> Any:
-    """A duration knob in seconds: 0 = `default_text`, at most `maximum`."""
-    return Field(default=0.0, ge=0, le=maximum,
-                 description=f"{description} 0 = {default_text}; at most {maximum:g} s.")
-
-
-def field_bounds(info: Any) -> tuple[float | None, float | None]:
-    """A pydantic field's (ge, le) bounds, None where it has none."""
-    ge = le = None
-    for meta in info.metadata:
-        ge = getattr(meta, "ge", ge)
-        le = getattr(meta, "le", le)
-    return ge, le
-
-
-def _check_value(name: str, annotation: Any, value: Any, ge: float | None, le: float | None) -> None:
-    if annotation in (int, "int"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"must be a whole number, got {value!r}", field=name)
-    elif annotation in (float, "float"):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ConfigError(f"must be a number, got {value!r}", field=name)
-    elif annotation in (bool, "bool"):
-        if not isinstance(value, bool):
-            raise ConfigError(f"must be true or false, got {value!r}", field=name)
-        return
-    else:
-        return
-    if ge is not None and value < ge:
-        raise ConfigError(f"must be >= {ge:g} (0 = default), got {value!r}", field=name)
-    if le is not None and value > le:
-        raise ConfigError(f"must be at most {le:g}, got {value!r}", field=name)
-
 
 class JobConfig(dg.Config):
     """Base of every job's run config (see the module docstring)."""
-
-    def check_fields(self) -> None:
-        """Each numeric or boolean field against its type and its Field bounds; ConfigError names the field."""
-        for name, info in type(self).model_fields.items():
-            ge, le = field_bounds(info)
-            _check_value(name, info.annotation, getattr(self, name), ge, le)
 
     settings_model: ClassVar[type[SettingsModel] | None] = None
     """The job's settings model when the config was derived from it (`config_class`)."""
@@ -153,10 +105,7 @@ __all__ = [
     "MAX_SECONDS",
     "JobConfig",
     "check_run_date_window",
-    "count_field",
-    "field_bounds",
     "parse_run_date",
-    "seconds_field",
     "today_in",
     "zone",
 ]

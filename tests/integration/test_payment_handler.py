@@ -28,7 +28,7 @@ def limits() -> Iterator[LimitsStub]:
 def _settings(**kw: object) -> QueueSettings:
     base = dict(max_attempts=3, backoff_base_s=0.001, backoff_max_s=0.001, http_timeout_s=2, poll_interval_s=0.05)
     base.update(kw)
-    return QueueSettings.build(**base)
+    return QueueSettings(**base)
 
 
 def _rows(engine: sa.Engine) -> list[sa.Row]:

@@ -95,7 +95,7 @@ def test_rows_without_a_lease_inserted_while_a_resident_worker_runs_are_processe
     handler_fn = Recorder()
     stop = threading.Event()
     out: list[Any] = []
-    settings = QueueSettings.build(concurrency=4, max_attempts=3, poll_interval_s=5)
+    settings = QueueSettings(concurrency=4, max_attempts=3, poll_interval_s=5)
     worker = threading.Thread(target=lambda: out.append(
         run_worker(engine, settings, handler=PluginHandler(handler_fn, concurrency=4), stop=stop, drain=False)))
     worker.start()
@@ -130,7 +130,7 @@ def test_a_new_row_gets_its_call_whatever_its_attempts(engine: sa.Engine, db_url
         {"amount_cents": 100},
     ])
     handler_fn = Recorder(failing={str(ids[1])})
-    result = run_worker(engine, QueueSettings.build(max_attempts=3, batch_size=10),
+    result = run_worker(engine, QueueSettings(max_attempts=3, batch_size=10),
                         handler=PluginHandler(handler_fn, concurrency=2))
     assert Counter(p for p, _ in handler_fn.calls) == {str(i): 1 for i in ids}
     assert dict(handler_fn.calls)[str(ids[3])] == 1  # the negative count started over
@@ -147,7 +147,7 @@ def test_amounts_that_are_no_payment_are_failed_without_a_call(engine: sa.Engine
     bad = _insert(db_url, [{"amount_cents": a} for a in (0, -1, -(2**63), 2**53, 2**63 - 1)])
     good = _insert(db_url, [{"amount_cents": a} for a in (1, 2**53 - 1)])
     handler_fn = Recorder()
-    result = run_worker(engine, QueueSettings.build(breaker_failures=2), handler=PluginHandler(handler_fn))
+    result = run_worker(engine, QueueSettings(breaker_failures=2), handler=PluginHandler(handler_fn))
     assert sorted(p for p, _ in handler_fn.calls) == sorted(str(i) for i in good)
     rows = _rows(engine)
     assert {rows[i].status for i in bad} == {"FAILED"} and {rows[i].status for i in good} == {"DONE"}
@@ -159,7 +159,7 @@ def test_amounts_that_are_no_payment_are_failed_without_a_call(engine: sa.Engine
 def test_unknown_statuses_are_never_claimed_and_are_counted_by_name(engine: sa.Engine, db_url: str) -> None:
     """Statuses outside §3's four ('new', 'PENDING', 'NEW ') are left alone and counted, by name and in total."""
     _insert(db_url, [{"amount_cents": 100, "status": s} for s in ("new", "PENDING", "NEW ")])
-    result = run_worker(engine, QueueSettings.build(), handler=PluginHandler(Recorder()))
+    result = run_worker(engine, QueueSettings(), handler=PluginHandler(Recorder()))
     assert result.claimed == 0
     stats = queue.queue_stats(engine)
     assert stats["unknown_status"] == 3 and stats["total"] == 3
@@ -174,7 +174,7 @@ def test_last_error_is_bounded_in_bytes_when_written_and_when_listed(engine: sa.
     def huge(*, payment_id: str, amount_cents: int, attempts: int) -> None:
         raise RuntimeError("é" * 1_000_000)
 
-    run_worker(engine, QueueSettings.build(max_attempts=1), handler=PluginHandler(huge))
+    run_worker(engine, QueueSettings(max_attempts=1), handler=PluginHandler(huge))
     with engine.connect() as conn:
         status, size, text = conn.execute(
             sa.text("SELECT status, octet_length(last_error), last_error FROM payments WHERE id = :id"), {"id": ours}
@@ -199,7 +199,7 @@ def test_infinite_times_neither_crash_the_worker_nor_stats_and_are_counted(engin
     assert stats["due"] == 1 and stats["never_due"] == 2, stats
     assert stats["oldest_due_s"] > 99 * 365 * 86400  # due since forever, shown as 100 years
     handler_fn = Recorder()
-    result = run_worker(engine, QueueSettings.build(), handler=PluginHandler(handler_fn))
+    result = run_worker(engine, QueueSettings(), handler=PluginHandler(handler_fn))
     assert result.status == "SUCCESS" and result.stopped_by == "drained", result
     assert [p for p, _ in handler_fn.calls] == [str(early)]
     rows = _rows(engine)

@@ -73,31 +73,37 @@ class ScriptedHandler:
         return None
 
 
-def test_settings_zero_means_default_and_invalid_values_name_the_field() -> None:
-    """QueueSettings.build: 0/None take the default; bad values raise ConfigError naming the field."""
-    s = QueueSettings.build(batch_size=0, concurrency=None, max_attempts=3)
+def test_settings_have_real_defaults_and_invalid_values_name_the_field() -> None:
+    """QueueSettings: a missing knob is its default; 0 is no default but a value (refused where it is not
+    allowed); bad values raise ConfigError naming the field."""
+    s = QueueSettings(max_attempts=3)
     assert (s.batch_size, s.concurrency, s.max_attempts) == (50, 8, 3)
+    for field in ("batch_size", "concurrency", "claim_lease_s"):
+        with pytest.raises(ConfigError) as info:
+            QueueSettings(**{field: 0})
+        assert info.value.field == field
+    assert QueueSettings(rate_limit_per_s=0, max_in_flight=0, backoff_jitter=0).backoff_jitter == 0
     with pytest.raises(ConfigError) as info:
-        QueueSettings.build(concurrency=-1)
+        QueueSettings(concurrency=-1)
     assert info.value.field == "concurrency"
     with pytest.raises(ConfigError) as info:
-        QueueSettings.build(batch_size=2.5)
+        QueueSettings(batch_size=2.5)
     assert info.value.field == "batch_size"
     # The lease is renewed while the claim is held, so it may be shorter than a call, not shorter than 1 s.
-    assert QueueSettings.build(claim_lease_s=5, http_timeout_s=10).claim_lease_s == 5
+    assert QueueSettings(claim_lease_s=5, http_timeout_s=10).claim_lease_s == 5
     for field, bad in (("claim_lease_s", 0.5), ("backoff_jitter", 1.5), ("rate_limit_per_s", -1),
                        ("max_in_flight", 2.5)):
         with pytest.raises(ConfigError) as info:
-            QueueSettings.build(**{field: bad})
+            QueueSettings(**{field: bad})
         assert info.value.field == field
     with pytest.raises(ConfigError) as info:
-        QueueSettings.build(bogus=1)
+        QueueSettings(bogus=1)
     assert info.value.field == "bogus"
 
 
 def test_backoff_doubles_per_attempt_and_is_capped() -> None:
     """Backoff is base * 2^(attempts-1), never above backoff_max_s."""
-    s = QueueSettings.build(backoff_base_s=60, backoff_max_s=3600)
+    s = QueueSettings(backoff_base_s=60, backoff_max_s=3600)
     assert [s.backoff_s(a) for a in (1, 2, 3, 4, 7, 8, 500)] == [60, 120, 240, 480, 3600, 3600, 3600]
 
 
@@ -173,7 +179,7 @@ def test_concurrent_claimers_never_get_the_same_row(engine: sa.Engine) -> None:
 def test_expired_claim_is_reclaimed_and_the_old_owner_is_fenced(engine: sa.Engine) -> None:
     """After the lease passes another worker re-claims the row; the old worker's writes match nothing."""
     queue.enqueue(engine, 1, seed=3)
-    settings = QueueSettings.build(max_attempts=5)
+    settings = QueueSettings(max_attempts=5)
     [old] = PAYMENTS.claim(engine, 1, lease_s=60)
     assert PAYMENTS.claim(engine, 1, lease_s=60) == []  # the lease still holds
     _expire_leases(engine)
@@ -192,7 +198,7 @@ def test_expired_claim_is_reclaimed_and_the_old_owner_is_fenced(engine: sa.Engin
 def test_worker_counts_a_lost_claim(engine: sa.Engine) -> None:
     """A worker whose claim was taken over while its call ran reports a lost claim and writes nothing."""
     queue.enqueue(engine, 1, seed=4)
-    settings = QueueSettings.build(concurrency=1, batch_size=1, max_attempts=5)
+    settings = QueueSettings(concurrency=1, batch_size=1, max_attempts=5)
     taken: list[Claim] = []
 
     def steal_then_fail(claim: Claim) -> Outcome:
@@ -209,7 +215,7 @@ def test_worker_counts_a_lost_claim(engine: sa.Engine) -> None:
 def test_retry_backoff_then_failed_at_max_attempts(engine: sa.Engine) -> None:
     """A transient failure goes back to NEW after base*2^(n-1); at max attempts it is FAILED with last_error."""
     queue.enqueue(engine, 1, seed=5)
-    settings = QueueSettings.build(max_attempts=3, backoff_base_s=100, backoff_max_s=1000)
+    settings = QueueSettings(max_attempts=3, backoff_base_s=100, backoff_max_s=1000)
     for attempt, expected_delay in ((1, 100), (2, 200)):
         [c] = PAYMENTS.claim(engine, 1, lease_s=60)
         assert c.attempts == attempt
@@ -304,7 +310,7 @@ def test_claim_uses_both_partial_indexes(engine: sa.Engine) -> None:
 def test_worker_drains_with_simulated_handler(engine: sa.Engine) -> None:
     """The simulated handler settles every payment (DONE or FAILED) and the summary has the contract keys."""
     queue.enqueue(engine, 120, seed=11)
-    settings = QueueSettings.build(batch_size=20, concurrency=4, backoff_base_s=0.001, backoff_max_s=0.001)
+    settings = QueueSettings(batch_size=20, concurrency=4, backoff_base_s=0.001, backoff_max_s=0.001)
     handler = SimulatedHandler(seed=3, failure_rate=0.3, permanent_rate=0.05)
     deadline = time.monotonic() + 60
     totals = {"done": 0, "failed": 0, "retried": 0}
@@ -328,7 +334,7 @@ def test_worker_drains_with_simulated_handler(engine: sa.Engine) -> None:
 def test_worker_stops_at_max_seconds_and_releases_unstarted_claims(engine: sa.Engine) -> None:
     """max_seconds stops a non-draining worker; claims never started go back to NEW with their attempt undone."""
     queue.enqueue(engine, 30, seed=12)
-    settings = QueueSettings.build(batch_size=30, concurrency=1, poll_interval_s=0.05)
+    settings = QueueSettings(batch_size=30, concurrency=1, poll_interval_s=0.05)
     release_gate = threading.Event()
 
     def slow(claim: Claim) -> Outcome:
@@ -349,7 +355,7 @@ def test_worker_stops_at_max_seconds_and_releases_unstarted_claims(engine: sa.En
 
 def test_worker_stop_event_ends_an_idle_worker(engine: sa.Engine) -> None:
     """A non-draining worker polls an empty queue until the stop event is set."""
-    settings = QueueSettings.build(poll_interval_s=0.05)
+    settings = QueueSettings(poll_interval_s=0.05)
     stop = threading.Event()
     out: list[object] = []
     t = threading.Thread(
@@ -371,7 +377,7 @@ def test_handler_exception_is_a_retry_not_a_stuck_row(engine: sa.Engine) -> None
     def boom(claim: Claim) -> Outcome:
         raise RuntimeError("bug")
 
-    result = run_worker(engine, QueueSettings.build(max_attempts=3), handler=ScriptedHandler(boom))
+    result = run_worker(engine, QueueSettings(max_attempts=3), handler=ScriptedHandler(boom))
     assert (result.retried, result.failed) == (1, 0)
     with engine.connect() as conn:
         row = conn.execute(sa.text("SELECT status, last_error FROM payments")).one()
@@ -385,7 +391,7 @@ def test_reclaimed_past_max_attempts_is_failed_without_a_call(engine: sa.Engine)
         assert len(PAYMENTS.claim(engine, 1, lease_s=60)) == 1
         _expire_leases(engine)
     handler = ScriptedHandler(lambda c: Outcome.done())
-    result = run_worker(engine, QueueSettings.build(max_attempts=3), handler=handler)
+    result = run_worker(engine, QueueSettings(max_attempts=3), handler=handler)
     assert handler.calls == []
     assert result.failed_by_type == {"max_attempts_exceeded": 1}
     assert _statuses(engine) == {"FAILED": 1}

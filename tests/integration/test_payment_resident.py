@@ -231,7 +231,7 @@ def test_idle_resident_worker_wakes_on_an_insert_by_another_connection(engine: s
     handler = PluginHandler(record, concurrency=2)
     worker = threading.Thread(
         target=lambda: out.append(
-            run_worker(engine, QueueSettings.build(concurrency=2, poll_interval_s=5), handler=handler, stop=stop,
+            run_worker(engine, QueueSettings(concurrency=2, poll_interval_s=5), handler=handler, stop=stop,
                        drain=False)
         )
     )
@@ -298,7 +298,7 @@ def test_plugin_handler_done_permanent_and_transient(
     with engine.begin() as conn:  # amounts 3..11: three of each remainder, fewer than 5 transient failures
         conn.execute(sa.text("INSERT INTO payments (id, amount_cents) "
                              "SELECT gen_random_uuid(), a FROM generate_series(3, 11) AS a"))
-    result = run_worker(engine, QueueSettings.build(concurrency=4), handler=handler)
+    result = run_worker(engine, QueueSettings(concurrency=4), handler=handler)
     assert (result.done, result.failed, result.retried) == (3, 3, 3)
     assert result.failed_by_type == {"permanent_failure": 3}
     with engine.connect() as conn:
@@ -324,11 +324,11 @@ def test_unimportable_or_uncallable_plugin_is_a_config_error(tmp_path: Path, mon
 
 
 def test_db_outage_s_has_an_upper_bound() -> None:
-    """db_outage_s: 0/None is the default 60 s; above 600 s is a ConfigError naming the field."""
-    assert QueueSettings.build(db_outage_s=None).db_outage_s == 60
-    assert QueueSettings.build(db_outage_s=600).db_outage_s == 600
+    """db_outage_s: missing is the default 60 s; above 600 s is a ConfigError naming the field."""
+    assert QueueSettings().db_outage_s == 60
+    assert QueueSettings(db_outage_s=600).db_outage_s == 600
     with pytest.raises(ConfigError) as info:
-        QueueSettings.build(db_outage_s=601)
+        QueueSettings(db_outage_s=601)
     assert info.value.field == "db_outage_s"
 
 
@@ -467,7 +467,7 @@ def test_poison_payments_reach_failed_after_max_attempts_while_good_ones_go_done
     queue.enqueue(engine, 200, seed=44)
     bad = {str(p) for p in poison}
     stub.respond = lambda body: 500 if body["payment_id"] in bad else 200
-    settings = QueueSettings.build(
+    settings = QueueSettings(
         concurrency=8, batch_size=16, max_attempts=3, backoff_base_s=0.2, backoff_max_s=0.4, http_timeout_s=2,
         claim_lease_s=30, poll_interval_s=0.2, breaker_failures=5, breaker_cooldown_s=0.5, breaker_max_cooldown_s=1,
     )
@@ -537,7 +537,7 @@ def test_stop_gives_back_calls_that_outlive_the_drain_timeout(engine: sa.Engine)
         await asyncio.Event().wait()  # a call that never returns by itself
 
     out: list[Any] = []
-    settings = QueueSettings.build(concurrency=1, drain_timeout_s=0.5, http_timeout_s=30, claim_lease_s=60)
+    settings = QueueSettings(concurrency=1, drain_timeout_s=0.5, http_timeout_s=30, claim_lease_s=60)
     worker = threading.Thread(
         target=lambda: out.append(run_worker(engine, settings, handler=PluginHandler(hang), stop=stop, drain=False))
     )

@@ -162,7 +162,7 @@ def test_a_stop_gives_back_the_rows_waiting_for_a_rate_slot_at_once(engine: sa.E
             return None
 
     enqueue(engine, 8, seed=17)
-    settings = QueueSettings.build(concurrency=4, batch_size=4, rate_limit_per_s=1, poll_interval_s=0.2)
+    settings = QueueSettings(concurrency=4, batch_size=4, rate_limit_per_s=1, poll_interval_s=0.2)
     stop = threading.Event()
     outcome: list[Any] = []
     worker = threading.Thread(target=lambda: outcome.append(run_worker(engine, settings, handler=Stamp(), stop=stop,
@@ -210,7 +210,7 @@ def test_a_gate_that_cannot_work_stops_the_worker_and_gives_every_row_back(engin
     enqueue(engine, 6, seed=18)
     with engine.begin() as conn:
         conn.execute(sa.text("DROP FUNCTION ba_rate_take"))
-    settings = QueueSettings.build(concurrency=3, batch_size=3, rate_limit_per_s=50)
+    settings = QueueSettings(concurrency=3, batch_size=3, rate_limit_per_s=50)
     with pytest.raises(psycopg.errors.UndefinedFunction):
         run_worker(engine, settings, handler=Count())
     assert calls == []

@@ -23,7 +23,7 @@ from batch_assets.domains.queue.handler import Handler
 pytestmark = pytest.mark.integration
 
 # Without the requested delay a retry would wait 10 minutes: a retry within seconds can only be the request.
-SETTINGS = QueueSettings.build(max_attempts=3, backoff_base_s=600, backoff_max_s=3600, poll_interval_s=0.2,
+SETTINGS = QueueSettings(max_attempts=3, backoff_base_s=600, backoff_max_s=3600, poll_interval_s=0.2,
                                http_timeout_s=5)
 
 
@@ -89,7 +89,7 @@ def test_a_handler_raising_retry_after_is_called_again_after_that_delay(engine: 
 
 def test_without_a_request_the_backoff_is_jittered(engine: sa.Engine) -> None:
     """20 payments failing at once with a 100 s base and jitter 0.2: next_attempt_at spread over 80..120 s."""
-    settings = QueueSettings.build(max_attempts=3, backoff_base_s=100, backoff_max_s=1000, backoff_jitter=0.2,
+    settings = QueueSettings(max_attempts=3, backoff_base_s=100, backoff_max_s=1000, backoff_jitter=0.2,
                                    breaker_failures=100)  # a failing handler, not an outage: the breaker stays closed
 
     def failing(*, payment_id: str, amount_cents: int, attempts: int) -> None:

@@ -326,7 +326,7 @@ def _resident_process(url: str, ready: Barrier, out: Queue[Stamp], stop: Event) 
 
         threading.Thread(target=relay_stop, daemon=True).start()
         ready.wait(timeout=120)
-        run_worker(engine, QueueSettings.build(concurrency=8), handler=_StampHandler(out), stop=halt, drain=False)
+        run_worker(engine, QueueSettings(concurrency=8), handler=_StampHandler(out), stop=halt, drain=False)
         engine.dispose()
     except BaseException as exc:  # reported to the parent through the same queue
         out.put(("error", f"{type(exc).__name__}: {exc}"))
@@ -424,7 +424,7 @@ def _http_worker_process(url: str, ready: Barrier, out: Queue[EndReport], limits
         from batch_assets.domains.payments.worker import run_worker
 
         engine = create_engine(url, pool_size=2)
-        settings = QueueSettings.build(concurrency=HTTP_CONCURRENCY, http_timeout_s=5)
+        settings = QueueSettings(concurrency=HTTP_CONCURRENCY, http_timeout_s=5)
         handler = default_handler(limits_url, settings.http_timeout_s, concurrency=settings.concurrency)
         ready.wait(timeout=120)
         run_worker(engine, settings, handler=handler, drain=True)

@@ -17,7 +17,7 @@ from batch_assets.domains.payments.declaration import PAYMENTS_QUEUE
 from batch_assets.domains.payments.handler import PAYMENT_HANDLER_VAR, default_handler
 from batch_assets.domains.payments.queue import dlq_size, queue_stats
 from batch_assets.domains.payments.worker import BREAKER_CODES, run_worker
-from batch_assets.domains.queue.dagster import QueueDrainPlan, QueueWorkConfig
+from batch_assets.domains.queue.dagster import QueueWorkConfig
 from batch_assets.domains.queue.handler import Handler
 from batch_assets.domains.queue.settings import QueueSettings
 from batch_assets.errors import ConfigError
@@ -31,7 +31,6 @@ from batch_assets.orchestration.ops import (
     run_in_thread,
     stop_on_interrupt,
     utcnow,
-    validated_plan,
 )
 from batch_assets.orchestration.progress import OpProgress
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource, env_if_set
@@ -51,12 +50,8 @@ QUEUE_DRAIN_MAX_SECONDS = 300
 
 
 class QueueDrainConfig(QueueWorkConfig):
-    """The payment worker (CONTRACT §7): a drain, or the resident worker. 0 or missing = the payments
+    """The payment worker (CONTRACT §7): a drain, or the resident worker. Unset = the payments
     queue's declared value (`declaration.PAYMENTS_QUEUE`)."""
-
-    def to_settings(self) -> QueueDrainPlan:
-        """Validate everything (ConfigError naming the field) and return the plan + queue settings."""
-        return self.plan(PAYMENTS_QUEUE.settings)
 
 
 # --- the handler (CONTRACT §7) -----------------------------------------------------------------
@@ -96,9 +91,10 @@ def drain_payment_queue(
     """Process due payments: until nothing is due (drain), or resident until stopped or max_seconds."""
 
     started_at = utcnow()
-    plan = validated_plan(config_of(QueueDrainConfig, context))  # a bad field: one line naming it, no stack trace
-    try:  # an unimportable BATCH_ASSETS_PAYMENT_HANDLER fails the run before anything is claimed
-        handler = payment_handler.handler(plan.engine)
+    try:  # a bad field: one line naming it; an unimportable BATCH_ASSETS_PAYMENT_HANDLER: failed before any claim
+        run = config_of(QueueDrainConfig, context).to_settings()
+        settings = run.worker_settings(PAYMENTS_QUEUE.settings)
+        handler = payment_handler.handler(settings)
     except ConfigError as exc:
         raise config_failure(exc) from None
     # The worker runs on two connections of its own; the pool serves the bookkeeping around it.
@@ -109,10 +105,10 @@ def drain_payment_queue(
         # the worker gives back its claims and writes its results before the interruption goes on.
         result = run_in_thread(
             lambda: run_worker(
-                engine, plan.engine, handler=handler, stop=STOP, max_seconds=plan.max_seconds, drain=plan.drain,
+                engine, settings, handler=handler, stop=STOP, max_seconds=run.max_seconds, drain=run.drain,
                 progress=progress,
             ),
-            name="payment-worker", grace_s=plan.engine.drain_timeout_s + 30,
+            name="payment-worker", grace_s=settings.drain_timeout_s + 30,
         )
     summary = finish(context, engine, summary=result.to_summary(context.run_id), started_at=started_at)
     stats = queue_stats(engine)
@@ -120,7 +116,7 @@ def drain_payment_queue(
     context.log_event(
         dg.AssetMaterialization(
             asset_key="payment_status",
-            description="payment queue drain" if plan.drain else "resident payment worker",
+            description="payment queue drain" if run.drain else "resident payment worker",
             # Numbers, so the UI's Plots tab charts them across drains.
             metadata={
                 "done": summary["changed"],

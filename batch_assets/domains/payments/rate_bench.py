@@ -60,7 +60,7 @@ def _limited_process(url: str, ready: Barrier, out: Queue[EndReport], rate: floa
         from batch_assets.domains.queue.worker import Worker
 
         engine = create_engine(url, pool_size=2)
-        settings = QueueSettings.build(concurrency=64, batch_size=100, rate_limit_per_s=rate)
+        settings = QueueSettings(concurrency=64, batch_size=100, rate_limit_per_s=rate)
         handler = _Stamps()
         worker = Worker(engine, PAYMENTS, settings, handler, threading.Event(), None, True, None, refuse_payment)
         ready.wait(timeout=120)

@@ -15,7 +15,6 @@ the run's `QueueSettings` and returns a handler object (how the payments keep th
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -146,18 +145,15 @@ class QueueDeclaration(BaseModel):
             return self.store().checked(conn, source=source)
 
     def settings(self, **overrides: Any) -> QueueSettings:
-        """The worker's settings: the declaration's, then `overrides` (0 or None = the declaration's)."""
+        """The worker's settings: the declaration's, then `overrides` (None = the declaration's)."""
         base: dict[str, Any] = {
             "max_attempts": self.max_attempts, "backoff_base_s": self.backoff.base_s,
             "backoff_max_s": self.backoff.max_s, "concurrency": self.concurrency,
             "rate_limit_per_s": self.rate_limit_per_s, "max_in_flight": self.max_in_flight,
             "claim_lease_s": self.claim_lease_s, "backoff_jitter": self.backoff.jitter,
         }
-        base.update({k: v for k, v in overrides.items() if v is not None and v != 0})
-        settings = QueueSettings.build(**base)
-        if self.backoff.jitter == 0:  # build() takes 0 as "the default"; here it means no jitter
-            settings = dataclasses.replace(settings, backoff_jitter=0.0)
-        return settings
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return QueueSettings(**{k: v for k, v in base.items() if v is not None})
 
     def function(self) -> Callable[..., Any]:
         """The handler's function (ConfigError naming `handler` when it cannot be imported)."""

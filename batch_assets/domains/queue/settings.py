@@ -1,16 +1,18 @@
-"""The knobs of a queue worker: one frozen dataclass, 0 or None meaning the documented default."""
+"""The knobs of a queue worker: one typed settings model (`batch_assets.settings_model.SettingsModel`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import cached_property
-from typing import Any
+from typing import Self
 
-from batch_assets.domains.queue.inflight import check_max_in_flight
-from batch_assets.domains.queue.ratelimit import check_rate
+from pydantic import Field, model_validator
+
+from batch_assets.domains.queue.inflight import MAX_IN_FLIGHT
+from batch_assets.domains.queue.ratelimit import MAX_RATE_PER_S
 from batch_assets.domains.queue.retry import RetryPolicy
 from batch_assets.errors import ConfigError
-from batch_assets.knobs import build_settings, check_positive_fields
+from batch_assets.settings_model import SettingsModel
 
 MAX_BATCH = 1000
 """Upper bound of the adaptive claim batch (and of rows per result statement)."""
@@ -24,67 +26,67 @@ MIN_CLAIM_LEASE_S = 1.0
 """Lower bound of claim_lease_s (renewed every lease/3)."""
 
 
-@dataclass(frozen=True)
-class QueueSettings:
-    """Queue and worker knobs; 0 or None means the documented default (use `build`)."""
+MAX_ATTEMPTS = 1000
+"""Upper bound of max_attempts."""
+MAX_WAIT_S = 7 * 86_400.0
+"""Upper bound of every other duration knob (s): a week."""
+MAX_KNOB_COUNT = 10_000_000
+"""Upper bound of a count knob without a tighter one of its own."""
 
-    batch_size: int = 50  # first claim batch; adapts within 1..max_batch_size
-    max_batch_size: int = MAX_BATCH  # upper bound of the adaptive claim batch, at most 1000
-    concurrency: int = 8  # handler calls in flight, at most 256
+
+class QueueSettings(SettingsModel):
+    """Queue and worker knobs: bounds, real defaults, descriptions and the cross-field rules in one place
+    (validated when built; a bad value is a ConfigError naming the field)."""
+
+    batch_size: int = Field(default=50, ge=1, le=MAX_BATCH,
+                            description="First claim batch; it adapts within 1..max_batch_size.")
+    max_batch_size: int = Field(default=MAX_BATCH, ge=1, le=MAX_BATCH,
+                                description="Upper bound of the adaptive claim batch.")
+    concurrency: int = Field(default=8, ge=1, le=MAX_CONCURRENCY, description="Handler calls in flight.")
     # claimed_until = now() + lease, renewed every lease/3 while the worker holds the claim (liveness.py); a
-    # lapsed claim (its worker died) is claimed again. At least MIN_CLAIM_LEASE_S; may be shorter than a call.
-    claim_lease_s: float = 30
-    max_attempts: int = 5  # a retriable failure on this attempt is terminal (FAILED)
-    backoff_base_s: float = 60  # delay after attempt k = base * 2^(k-1), capped
-    backoff_max_s: float = 3600
-    backoff_jitter: float = 0.1  # each backoff is spread by ± this fraction (0..1); see retry.RetryPolicy
-    http_timeout_s: float = 10  # per handler call
-    poll_interval_s: float = MAX_POLL_S  # idle look at the table without a notification, at most 5 s
-    flush_delay_s: float = 0.005  # a result waits at most this long for others to share its statement
-    breaker_failures: int = 5  # transient failures in a row (distinct rows) that open the breaker
-    breaker_cooldown_s: float = 30  # first cool-down; doubles while the outage lasts
-    breaker_max_cooldown_s: float = 600
-    drain_timeout_s: float = 30  # on stop: calls in flight get this long to finish, then are given back
-    # A lost database connection (backend terminated, server restarting) is re-established with
-    # backoff for this long from the first failure; then the worker ends FAILURE. At most 600 s.
-    db_outage_s: float = 60
-    rate_limit_per_s: float = 0  # handler calls per second of this queue across all workers (ratelimit.py); 0 = none
-    max_in_flight: int = 0  # handler calls of this queue in flight at once across all workers (inflight.py); 0 = none
+    # lapsed claim (its worker died) is claimed again. It may be shorter than a call, and must leave the
+    # renewal (one short statement) room to get through.
+    claim_lease_s: float = Field(default=30.0, ge=MIN_CLAIM_LEASE_S, le=MAX_WAIT_S,
+                                 description="Claim lease (s), renewed every lease/3 while the claim is held.")
+    max_attempts: int = Field(default=5, ge=1, le=MAX_ATTEMPTS,
+                              description="A retriable failure on this attempt is terminal (FAILED).")
+    backoff_base_s: float = Field(default=60.0, gt=0, le=MAX_WAIT_S,
+                                  description="Delay after attempt k = base * 2^(k-1) (s), capped by backoff_max_s.")
+    backoff_max_s: float = Field(default=3600.0, gt=0, le=MAX_WAIT_S, description="Longest backoff (s).")
+    backoff_jitter: float = Field(default=0.1, ge=0, le=1,
+                                  description="Each backoff is spread by ± this fraction (0 = none); see retry.py.")
+    http_timeout_s: float = Field(default=10.0, gt=0, le=MAX_WAIT_S, description="Timeout of one handler call (s).")
+    poll_interval_s: float = Field(default=MAX_POLL_S, gt=0, le=MAX_POLL_S,
+                                   description="Idle look at the table without a notification (s).")
+    flush_delay_s: float = Field(default=0.005, gt=0, le=1,
+                                 description="A result waits at most this long for others to share its statement (s).")
+    breaker_failures: int = Field(default=5, ge=1, le=MAX_KNOB_COUNT,
+                                  description="Transient failures in a row (distinct rows) that open the breaker.")
+    breaker_cooldown_s: float = Field(default=30.0, gt=0, le=MAX_WAIT_S,
+                                      description="First cool-down of an open breaker (s); doubles while it lasts.")
+    breaker_max_cooldown_s: float = Field(default=600.0, gt=0, le=MAX_WAIT_S, description="Longest cool-down (s).")
+    drain_timeout_s: float = Field(default=30.0, gt=0, le=MAX_WAIT_S,
+                                   description="On stop: calls in flight get this long to finish, then are given back.")
+    db_outage_s: float = Field(
+        default=60.0, gt=0, le=MAX_DB_OUTAGE_S,
+        description="Seconds a lost database connection is retried (backoff) before the worker fails.")
+    rate_limit_per_s: float = Field(
+        default=0.0, ge=0, le=MAX_RATE_PER_S,
+        description="Handler calls per second of this queue across all workers (ratelimit.py); 0 = none.")
+    max_in_flight: int = Field(
+        default=0, ge=0, le=MAX_IN_FLIGHT,
+        description="Handler calls of this queue in flight at once across all workers (inflight.py); 0 = none.")
 
-    def __post_init__(self) -> None:
-        check_positive_fields(self, may_be_zero=("rate_limit_per_s", "max_in_flight", "backoff_jitter"))
-        if self.max_batch_size > MAX_BATCH:
-            raise ConfigError(f"must be <= {MAX_BATCH}, got {self.max_batch_size}", field="max_batch_size")
+    @model_validator(mode="after")
+    def _cross_field(self) -> Self:
         if self.batch_size > self.max_batch_size:
             raise ConfigError(f"must be <= max_batch_size ({self.max_batch_size}), got {self.batch_size}",
                               field="batch_size")
-        if self.concurrency > MAX_CONCURRENCY:
-            raise ConfigError(f"must be <= {MAX_CONCURRENCY}, got {self.concurrency}", field="concurrency")
-        if self.poll_interval_s > MAX_POLL_S:
-            raise ConfigError(f"must be <= {MAX_POLL_S:g}, got {self.poll_interval_s}", field="poll_interval_s")
-        if self.db_outage_s > MAX_DB_OUTAGE_S:
-            raise ConfigError(f"must be <= {MAX_DB_OUTAGE_S:g}, got {self.db_outage_s:g}", field="db_outage_s")
-        if self.flush_delay_s > 1:
-            raise ConfigError(f"must be <= 1, got {self.flush_delay_s}", field="flush_delay_s")
         if self.backoff_max_s < self.backoff_base_s:
             raise ConfigError("must be >= backoff_base_s", field="backoff_max_s")
         if self.breaker_max_cooldown_s < self.breaker_cooldown_s:
             raise ConfigError("must be >= breaker_cooldown_s", field="breaker_max_cooldown_s")
-        # The lease is renewed every lease/3 while the claim is held, so it need not outlive a call; it must
-        # leave the renewal (one short statement) room to get through.
-        if self.claim_lease_s < MIN_CLAIM_LEASE_S:
-            raise ConfigError(f"must be >= {MIN_CLAIM_LEASE_S:g}, got {self.claim_lease_s:g}", field="claim_lease_s")
-        if self.rate_limit_per_s:
-            check_rate(self.rate_limit_per_s)
-        if self.max_in_flight:
-            check_max_in_flight(self.max_in_flight)
-        if self.backoff_jitter > 1:
-            raise ConfigError(f"must be within 0..1, got {self.backoff_jitter:g}", field="backoff_jitter")
-
-    @classmethod
-    def build(cls, **overrides: Any) -> QueueSettings:
-        """Settings from keyword overrides; a value of 0 or None takes the default; unknown names are errors."""
-        return build_settings(cls, overrides)
+        return self
 
     @cached_property
     def retry(self) -> RetryPolicy:
@@ -95,3 +97,29 @@ class QueueSettings:
     def backoff_s(self, attempts: int) -> float:
         """Delay before the next attempt after `attempts` tries, without jitter: base * 2^(attempts-1), capped."""
         return self.retry.backoff_s(attempts)
+
+
+class QueueRunSettings(SettingsModel):
+    """One worker run's settings (`queue work`, the launchpad): a drain or the resident worker, and the knobs
+    a run may set over the queue's declared ones (unset = the declaration's value). `worker_settings` builds
+    the worker's QueueSettings from the declaration's, where the cross-field rules then hold."""
+
+    drain: bool = Field(
+        default=True,
+        description="Exit once nothing is due. False = the resident worker: it waits for notifications "
+        "and runs until stopped (SIGTERM, run termination) or max_seconds.",
+    )
+    max_seconds: float | None = Field(default=None, gt=0, le=MAX_WAIT_S,
+                                      description="Stop claiming new work after this many seconds. Default: no limit.")
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY,
+                                    description="Handler calls in flight. Default: the queue's declared value.")
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH,
+                                   description="First claim batch (it adapts within 1..1000). Default 50.")
+    db_outage_s: int | None = Field(
+        default=None, ge=1, le=int(MAX_DB_OUTAGE_S),
+        description="Whole seconds a lost database connection is retried (backoff) before the worker fails. "
+        "Default 60.")
+
+    def worker_settings(self, declared: Callable[..., QueueSettings]) -> QueueSettings:
+        """The worker's settings: `declared(**this run's knobs)` (a declaration's `settings`, None = its value)."""
+        return declared(concurrency=self.concurrency, batch_size=self.batch_size, db_outage_s=self.db_outage_s)

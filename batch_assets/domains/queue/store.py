@@ -21,7 +21,7 @@ from batch_assets.domains.queue.claims import Claim, Result, claims_from_rows, c
 from batch_assets.domains.queue.spec import KEY_TYPES, PRIORITY_TYPES, QueueSpec
 from batch_assets.domains.queue.statements import COLUMN_TYPES, QUEUE_STATE, RECORD_STATE, Statements
 from batch_assets.errors import ConfigError
-from batch_assets.knobs import WHOLE_NUMBER_RE
+from batch_assets.settings_model import WHOLE_NUMBER_RE
 
 log = logging.getLogger(__name__)
 
