@@ -21,7 +21,7 @@ def test_jobs_list_names_every_registered_job_with_its_bounded_fields(cli_env) -
                          "outbox_relay_job", "retention_job"}
     assert jobs["customer_status_sweep_job"]["variants"] == ["celery"]
     fields = {f["name"]: f for f in jobs["customer_status_sweep_job"]["fields"]}
-    assert fields["page_size"]["le"] == 1000 and fields["page_size"]["ge"] == 0
+    assert fields["page_size"]["le"] == 1000 and fields["page_size"]["ge"] == 1
     assert fields["page_size"]["description"]
 
 
