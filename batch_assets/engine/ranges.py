@@ -141,6 +141,7 @@ def plan_ranges(
     `table`, `schema` and `key` are plain names (quoted here); `where` is the sweep's filter (SQL, already
     validated). Fewer ranges come back when the table has fewer distinct keys; one (the whole space) for 1.
     """
+    key_space(kind)  # the key type goes into the statements below as a cast: only a known one (ConfigError)
     if count <= 1:
         return [CursorRange.whole(kind)]
     bounds = _histogram_bounds(conn, schema, table, key, kind, count)
