@@ -198,17 +198,30 @@ class TestHost:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        self.kill9()
+        killed = self.kill9()
         for proc in self.procs:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 log(f"{self.hostname}: pid {proc.pid} did not end")
         self.procs = []
+        # A killed process whose parent was killed too is reparented to the machine's init, which reaps it when it
+        # gets to it: until then it is a zombie (it runs nothing and holds nothing). Wait until each is no more alive.
+        if not _wait_for(lambda: not [pid for pid in killed if process_alive(pid)], timeout=20, poll=0.05):
+            log(f"{self.hostname}: still alive after SIGKILL: {[pid for pid in killed if process_alive(pid)]}")
         for forwarder in self.forwarders:
             forwarder.close()
         self.forwarders = []
         remove_netns(self.index)
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (state Z) or dead (X): a zombie has ended and awaits its reaper."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rpartition(")")[2].split()[0] not in {"Z", "X"}
 
 
 def remove_netns(index: int) -> None:

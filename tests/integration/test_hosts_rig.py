@@ -95,7 +95,7 @@ def test_a_host_has_its_own_namespaces_reaches_the_database_and_leaves_nothing(
         host.down()
     assert sleeper.poll() is not None
     assert name not in _netns() and f" {name}o" not in _links()
-    assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+    assert not [p for p in pids if hosts.process_alive(p)]
 
 
 @pytest.fixture
