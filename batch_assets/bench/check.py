@@ -10,6 +10,10 @@ table and the charts beside the report were made from it, and, with
 --readme, that the README shows the same tables. Speeds are only required to
 be positive numbers. Exit 0 when all hold, 1 with one line per problem, 2 on
 bad usage.
+
+A partial report (`batch-assets bench --only ...`) names the sections it ran
+under `only`: it is held to those sections alone, and must not hold others. A
+report without `only` must have every section.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_assets.bench import render
+from batch_assets.bench.options import SECTIONS
 
 OPTIONAL_SECTIONS = ("queue",)
 EXPECTED_PLANS = ("delta first page", "delta next page", "full first page", "full next page", "payment claim")
@@ -71,13 +76,47 @@ def check_report(report: dict[str, Any], *, allow_missing: tuple[str, ...] = ())
     rows, workers = report.get("rows", 0), report.get("workers") or []
     c.that(bool(workers), "report.workers is empty")
     c.that(report.get("small_rows", 0) < rows, "report.small_rows must be below report.rows")
-    _check_sweep(c, report, rows, workers)
-    _check_references(c, report, rows)
-    _check_startup(c, report)
-    _check_checks(c, report, rows, workers)
-    _check_queue(c, report, allow_missing)
-    _check_outbox(c, report)
+    ran = _sections_run(c, report)
+    if "sweep" in ran:
+        _check_sweep(c, report, rows, workers)
+    if "references" in ran:
+        _check_references(c, report, rows)
+    if "startup" in ran:
+        _check_startup(c, report)
+    _check_checks(c, report, rows, workers, ran)
+    if "queue" in ran:
+        _check_queue(c, report, allow_missing)
+    if "outbox" in ran:
+        _check_outbox(c, report)
+    for name in SECTIONS:
+        if name not in ran:
+            c.that(not _present(report, name), f"report has the {name} section but report.only does not name it")
     return c.problems
+
+
+def _present(report: dict[str, Any], section: str) -> bool:
+    """Does the report hold figures of this section (where it puts them)?"""
+    checks = report.get("checks") or {}
+    if section == "plans":
+        return bool(checks.get("plans"))
+    if section == "rss":
+        return bool(checks.get("peak_rss"))
+    if section == "startup":  # the queue's CLI drain lives under startup too
+        return bool({k for k in report.get("startup") or {} if k != "cli_queue"})
+    return bool(report.get(section))
+
+
+def _sections_run(c: Checker, report: dict[str, Any]) -> tuple[str, ...]:
+    """The sections the report must have: every one, unless it says it is a partial run (`only`, from --only)."""
+    if "only" not in report:
+        return SECTIONS
+    only = report["only"]
+    if not c.that(isinstance(only, list) and bool(only) and all(n in SECTIONS for n in only),
+                  f"report.only must list sections among {', '.join(SECTIONS)}, got {only!r}"):
+        return SECTIONS
+    c.that(f"--only {','.join(only)}" in str(report.get("command")),
+           f"report.command {report.get('command')!r} does not say --only {','.join(only)}")
+    return tuple(only)
 
 
 def _check_sweep(c: Checker, report: dict[str, Any], rows: int, workers: list[int]) -> None:
@@ -226,8 +265,18 @@ def _check_cli_wall(c: Checker, startup: dict[str, Any]) -> None:
                f"{where}: the wall time must cover each worker's own clock")
 
 
-def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[int]) -> None:
-    checks = c.section(report, "checks")
+def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[int],
+                  ran: tuple[str, ...] = SECTIONS) -> None:
+    checks = report.get("checks") if isinstance(report.get("checks"), dict) else c.section(report, "checks")
+    if "plans" in ran:
+        _check_plans(c, checks)
+    if "rss" in ran:
+        _check_rss(c, report, checks, rows)
+    if "sweep" in ran:
+        _check_second_run_writes(c, checks, workers)
+
+
+def _check_plans(c: Checker, checks: dict[str, Any]) -> None:
     plans = {p.get("query"): p for p in checks.get("plans") or []}
     for name in EXPECTED_PLANS:
         plan = plans.get(name)
@@ -237,6 +286,9 @@ def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[i
             c.that(plan.get("index_scan") is True,
                    f"checks.plans: the {name} query is not an index scan "
                    f"({plan.get('other_scans') or plan.get('error') or 'no index'})")
+
+
+def _check_rss(c: Checker, report: dict[str, Any], checks: dict[str, Any], rows: int) -> None:
     rss = c.section(checks, "peak_rss", "checks")
     if rss:
         small, large = rss.get("small") or {}, rss.get("large") or {}
@@ -248,6 +300,9 @@ def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[i
                 large, "peak_rss_mib", "checks.peak_rss.large"):
             c.that(close(rss.get("ratio_large_over_small", -1), large["peak_rss_mib"] / small["peak_rss_mib"]),
                    "checks.peak_rss.ratio_large_over_small is not large / small")
+
+
+def _check_second_run_writes(c: Checker, checks: dict[str, Any], workers: list[int]) -> None:
     writes = checks.get("second_run_writes") or {}
     for w in workers:
         name = f"full_steady_state_w{w}"

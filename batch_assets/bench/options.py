@@ -25,6 +25,12 @@ MAX_WORKERS = 32
 STARTUP_RUNS = 2
 """CLI runs that measure Dagster run start-up: the first on a fresh instance, the next on a warm one."""
 
+SECTIONS = ("references", "sweep", "declared", "plans", "startup", "queue", "outbox", "rss")
+"""The sections of a run, in the order they run; seeding always runs. `--only` picks some of them (issue 20: the
+scaling runs need `sweep,rss` only, the rest would take hours at 10M rows)."""
+NEEDS = {"startup": ("references",)}
+"""Sections that read another's figures: the CLI's steady state is compared with the floor's time."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `batch-assets bench`."""
@@ -45,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure nothing: render the table and charts of an existing report into --output-dir")
     parser.add_argument("--readme", metavar="README_MD", default=None,
                         help="also replace the bench table between the markers of this README")
+    parser.add_argument("--only", default=None, metavar="SECTION[,SECTION...]",
+                        help="run only these sections (seeding always runs): " + ",".join(SECTIONS)
+                        + "; the report lists them under 'only' (default: all)")
     parser.add_argument("--note", default=None,
                         help="one line about the conditions, kept in the report (e.g. other work on the machine)")
 
@@ -63,6 +72,11 @@ class BenchOptions:
     output_dir: Path
     readme: Path | None
     note: str | None = None
+    only: tuple[str, ...] | None = None
+    """The sections to run, in SECTIONS order (None: every section, a full report)."""
+
+    def runs(self, section: str) -> bool:
+        return self.only is None or section in self.only
 
 
 def _size(args: argparse.Namespace, name: str) -> int:
@@ -106,5 +120,21 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     return BenchOptions(
         quick=bool(args.quick), rows=rows, small_rows=small, naive_sample=naive, queue_payments=payments,
         workers=tuple(sorted(workers)), run_date=run_date, output_dir=Path(args.output_dir), readme=readme,
-        note=(args.note or "").strip()[:300] or None,
+        note=(args.note or "").strip()[:300] or None, only=parse_only(getattr(args, "only", None)),
     )
+
+
+def parse_only(text: str | None) -> tuple[str, ...] | None:
+    """`--only a,b`: known, distinct section names with what they need, in SECTIONS order (None: all sections)."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown or not names:
+        raise ConfigError(f"unknown section(s) {', '.join(map(repr, unknown)) or 'none given'}; "
+                          f"choose from {', '.join(SECTIONS)}", field="only")
+    for name in names:
+        missing = [n for n in NEEDS.get(name, ()) if n not in names]
+        if missing:
+            raise ConfigError(f"{name} needs {', '.join(missing)} too", field="only")
+    return tuple(n for n in SECTIONS if n in names)

@@ -213,6 +213,8 @@ def growth_table(report: dict[str, Any]) -> list[str]:
 
 
 def queue_table(report: dict[str, Any]) -> list[str]:
+    if "queue" not in report.get("only", ("queue",)):
+        return []  # a partial run (--only) that did not ask for the queue
     q = report.get("queue") or {"status": "not measured", "reason": "no queue section in the report"}
     lines = ["### Queue (payments)", ""]
     if q.get("status") != "measured":

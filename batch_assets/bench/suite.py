@@ -15,6 +15,9 @@ Order of a run (each step prints a progress line on stderr):
    computation's events, up to 1M, on a database of its own);
 7. peak RSS of a whole sweep at N rows and at the small size, each in a fresh process;
 8. the JSON report, the markdown table and the charts under --output-dir.
+
+`--only sweep,rss` runs only those sections (options.SECTIONS) after the seeding, as the scaling runs at 10M rows
+do; the report lists them under `only`, and the checker holds it to those sections alone.
 """
 
 from __future__ import annotations
@@ -111,8 +114,9 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
     key_text = generate_key_text()  # a throwaway key: bench data is synthetic
     cipher = DobCipher(decode_key(key_text))
     base_url = resolve_database_url(settings)
-    say = Progress(err, steps=8 + len(options.workers))
+    say = Progress(err, steps=_steps(options))
     report = _new_report(options, run_date)
+    large: dict[str, Any] | None = None
     with scratch.scratch_database(base_url, scratch.scratch_name()) as url:
         engine = create_engine(url, pool_size=12)
         report["machine"]["postgres"] = _postgres_version(engine)
@@ -121,63 +125,102 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
         seeded = seed_customers(engine, cipher, options.rows, run_date=run_date, seed=1)
         report["seed_s"] = round(seeded.duration_s, 2)
         scratch.vacuum(engine)
-        _measure_references(report, options, engine, url, cipher, run_date, say)
-        _measure_sweeps(report, options, engine, cipher, run_date, say)
-        say.next("EXPLAIN (FORMAT JSON) of the delta, full-page and payment-claim queries")
-        report["checks"]["plans"] = [*plans.explain_sweep_reads(engine, run_date), plans.explain_claim(engine)]
-        sweeps.run_sweep(engine, cipher, "full", run_date, max(options.workers))  # settled: the CLI's steady state
-        scratch.vacuum(engine)
+        if options.runs("references"):
+            _measure_references(report, options, engine, url, cipher, run_date, say)
+        if options.runs("sweep") or options.runs("declared"):
+            _measure_sweeps(report, options, engine, cipher, run_date, say)
+        if options.runs("plans"):
+            say.next("EXPLAIN (FORMAT JSON) of the delta, full-page and payment-claim queries")
+            report["checks"]["plans"] = [*plans.explain_sweep_reads(engine, run_date), plans.explain_claim(engine)]
+        if options.runs("startup"):
+            sweeps.run_sweep(engine, cipher, "full", run_date, max(options.workers))  # settled: the CLI's steady state
+            scratch.vacuum(engine)
         engine.dispose()
 
-        say.next(f"Dagster run start-up: {STARTUP_RUNS} CLI delta sweeps with nothing due, then the CLI's wall "
-                 "against the floor (a steady-state full sweep per worker count)")
-        report["startup"] = startup.measure_startup(url, key_text, run_date, runs=STARTUP_RUNS)
-        floor_s = report["references"]["floor"]["full_steady_state"]["sweep_s"]
-        report["startup"]["cli_steady_state"] = [
-            startup.measure_cli_sweep(url, key_text, run_date, workers=w, floor_s=floor_s) for w in options.workers]
-        for probe in report["startup"]["cli_steady_state"]:
-            say(f"  CLI full sweep, steady state, {probe['workers']} worker(s): {probe['cli_wall_s']} s wall, "
-                f"{probe['cli_wall_over_floor']}x the floor's {floor_s} s")
+        if options.runs("startup"):
+            _measure_startup(report, options, url, key_text, run_date, say)
+        if options.runs("queue"):
+            _measure_queue(report, options, url, key_text, run_date, say)
+        if options.runs("outbox"):
+            outbox_engine = create_engine(url, pool_size=2)
+            try:
+                report["outbox"] = outbox_section(outbox_engine, quick=options.quick, progress=say)
+            finally:
+                outbox_engine.dispose()
+            report["outbox"]["drain"] = drain_section(base_url, cipher, run_date, rows=options.rows,
+                                                      workers=max(options.workers), progress=say)
 
-        say.next(f"queue section: {options.queue_payments:,} payments")
-        report["queue"] = queue_section(url, payments=options.queue_payments, quick=options.quick, progress=say)
-        if report["queue"]["status"] != "measured":
-            say(f"  queue: {report['queue']['status']}: {report['queue']['reason']}")
-        else:
-            say(f"  queue through the CLI: {startup.QUEUE_CLI_PROCESSES} `queue work --drain` processes")
-            report["startup"]["cli_queue"] = cli_queue = startup.measure_cli_queue(
-                url, key_text, run_date, payments=options.queue_payments, floor_per_s=report["queue"]["floor_per_s"])
-            say(f"  {cli_queue['cli_wall_per_s']:,}/s by wall ({cli_queue['cli_wall_over_floor']}x the raw floor), "
-                f"{cli_queue['own_clock_per_s']:,}/s by the workers' own clock")
-        outbox_engine = create_engine(url, pool_size=2)
-        try:
-            report["outbox"] = outbox_section(outbox_engine, quick=options.quick, progress=say)
-        finally:
-            outbox_engine.dispose()
-        report["outbox"]["drain"] = drain_section(base_url, cipher, run_date, rows=options.rows,
-                                                  workers=max(options.workers), progress=say)
-
-        say.next(f"peak RSS of a whole sweep in a fresh process, at {options.rows:,} then {options.small_rows:,} rows")
-        large = {"rows": options.rows, **memory.measure_rss(url, key_text, run_date)}
-    with scratch.scratch_database(base_url, scratch.scratch_name()) as small_url:
-        small_engine = create_engine(small_url, pool_size=4)
-        migrate(small_engine)
-        seed_customers(small_engine, cipher, options.small_rows, run_date=run_date, seed=2)
-        small_engine.dispose()
-        small = {"rows": options.small_rows, **memory.measure_rss(small_url, key_text, run_date)}
-    report["checks"]["peak_rss"] = {"small": small, "large": large,
-                                    "ratio_large_over_small": round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)}
+        if options.runs("rss"):
+            say.next(f"peak RSS of a whole sweep in a fresh process, at {options.rows:,} then "
+                     f"{options.small_rows:,} rows")
+            large = {"rows": options.rows, **memory.measure_rss(url, key_text, run_date)}
+    if large is not None:
+        with scratch.scratch_database(base_url, scratch.scratch_name()) as small_url:
+            small_engine = create_engine(small_url, pool_size=4)
+            migrate(small_engine)
+            seed_customers(small_engine, cipher, options.small_rows, run_date=run_date, seed=2)
+            small_engine.dispose()
+            small = {"rows": options.small_rows, **memory.measure_rss(small_url, key_text, run_date)}
+        report["checks"]["peak_rss"] = {
+            "small": small, "large": large,
+            "ratio_large_over_small": round(large["peak_rss_mib"] / small["peak_rss_mib"], 3)}
     report["duration_s"] = round(time.perf_counter() - say.started, 1)
     say(f"done in {report['duration_s']:.0f} s")
     return report
 
 
+def _steps(options: BenchOptions) -> int:
+    """The numbered progress lines of a run: seeding, then one per section run (the sweep: one per worker count
+    and three more, the declared form's counted with it)."""
+    steps = 1 + sum(options.runs(s) for s in ("references", "plans", "startup", "queue", "rss"))
+    if options.runs("sweep"):
+        steps += len(options.workers) + 2
+    return steps + options.runs("declared")
+
+
+def _measure_startup(report: dict[str, Any], options: BenchOptions, url: str, key_text: str, run_date: date,
+                     say: Progress) -> None:
+    """Dagster run start-up on its own, then the CLI's wall time of a steady-state sweep against the floor's."""
+    say.next(f"Dagster run start-up: {STARTUP_RUNS} CLI delta sweeps with nothing due, then the CLI's wall "
+             "against the floor (a steady-state full sweep per worker count)")
+    report["startup"] = startup.measure_startup(url, key_text, run_date, runs=STARTUP_RUNS)
+    floor_s = report["references"]["floor"]["full_steady_state"]["sweep_s"]
+    report["startup"]["cli_steady_state"] = [
+        startup.measure_cli_sweep(url, key_text, run_date, workers=w, floor_s=floor_s) for w in options.workers]
+    for probe in report["startup"]["cli_steady_state"]:
+        say(f"  CLI full sweep, steady state, {probe['workers']} worker(s): {probe['cli_wall_s']} s wall, "
+            f"{probe['cli_wall_over_floor']}x the floor's {floor_s} s")
+
+
+def _measure_queue(report: dict[str, Any], options: BenchOptions, url: str, key_text: str, run_date: date,
+                   say: Progress) -> None:
+    """The queue section, then the same queue drained through the CLI when the section could be measured."""
+    say.next(f"queue section: {options.queue_payments:,} payments")
+    report["queue"] = queue_section(url, payments=options.queue_payments, quick=options.quick, progress=say)
+    if report["queue"]["status"] != "measured":
+        say(f"  queue: {report['queue']['status']}: {report['queue']['reason']}")
+        return
+    say(f"  queue through the CLI: {startup.QUEUE_CLI_PROCESSES} `queue work --drain` processes")
+    report.setdefault("startup", {})["cli_queue"] = cli_queue = startup.measure_cli_queue(
+        url, key_text, run_date, payments=options.queue_payments, floor_per_s=report["queue"]["floor_per_s"])
+    say(f"  {cli_queue['cli_wall_per_s']:,}/s by wall ({cli_queue['cli_wall_over_floor']}x the raw floor), "
+        f"{cli_queue['own_clock_per_s']:,}/s by the workers' own clock")
+
+
+def _command(options: BenchOptions) -> str:
+    """The command as run: --quick, and --only with the sections of a partial run."""
+    only = f" --only {','.join(options.only)}" if options.only is not None else ""
+    return COMMAND + (" --quick" if options.quick else "") + only
+
+
 def _new_report(options: BenchOptions, run_date: date) -> dict[str, Any]:
-    """The report's header: what was run, where, on how many rows; the sections are filled in by `measure`."""
+    """The report's header: what was run, where, on how many rows; the sections are filled in by `measure`.
+    A partial run (`--only`) names the sections it ran under `only`; a full report has no such key."""
     return {
         "schema": 2,
         "status": "SUCCESS",
-        "command": COMMAND + (" --quick" if options.quick else ""),
+        "command": _command(options),
+        **({"only": list(options.only)} if options.only is not None else {}),
         "quick": options.quick,
         "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
@@ -215,9 +258,22 @@ def _measure_references(report: dict[str, Any], options: BenchOptions, engine: s
 
 def _measure_sweeps(report: dict[str, Any], options: BenchOptions, engine: sa.Engine, cipher: Any,
                     run_date: date, say: Progress) -> None:
-    """The product: full sweeps (first computation, then steady state) per worker count, a delta, a config-change."""
-    sweep, checks = report["sweep"], report["checks"]
+    """The product: full sweeps (first computation, then steady state) per worker count, a delta, a config-change;
+    then the declared form beside the plug-in (each when its section runs)."""
     counter = scratch.StatementCounter(engine)
+    workers = max(options.workers)
+    if options.runs("sweep"):
+        _measure_product(report, options, engine, counter, cipher, run_date, say)
+    if options.runs("declared"):
+        from batch_assets.bench import declared
+
+        say.next(f"declared form of the customer-status rule (SweepComponent) vs the plug-in, {workers} worker(s)")
+        report["declared"] = declared.measure(engine, counter, cipher, run_date, workers, say)
+
+
+def _measure_product(report: dict[str, Any], options: BenchOptions, engine: sa.Engine,
+                     counter: scratch.StatementCounter, cipher: Any, run_date: date, say: Progress) -> None:
+    sweep, checks = report["sweep"], report["checks"]
     for workers in options.workers:
         scratch.reset_to_first_computation(engine)
         label = f"full, first computation, {workers} worker(s)"
@@ -252,15 +308,10 @@ def _measure_sweeps(report: dict[str, Any], options: BenchOptions, engine: sa.En
               skipped_by_pre_check=cc["scanned"] - cc["decrypted"])
     sweep["config_change"] = cc
 
-    from batch_assets.bench import declared
-
-    say.next(f"declared form of the customer-status rule (SweepComponent) vs the plug-in, {workers} worker(s)")
-    report["declared"] = declared.measure(engine, counter, cipher, run_date, workers, say)
-
 
 def _add_floor_ratios(report: dict[str, Any]) -> None:
     """Product time ÷ floor time for the same scenario (below 1: the product is faster than one stream)."""
-    floor = report["references"]["floor"]
+    floor = report["references"].get("floor") or {}  # none in a run without the references (--only)
     for kind in ("first_computation", "steady_state"):
         ref = floor.get(f"full_{kind}")
         for workers in report["workers"]:
