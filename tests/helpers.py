@@ -59,6 +59,15 @@ def wait_for(
         time.sleep(interval)  # the polling interval, not a synchronisation
 
 
+# Every page write of a sweep waits 0.2 s (a statement trigger on customers): a run's ranges then hold their
+# connections, and their pool slots, long enough for a test to see them at the same time.
+SLOW_WRITES = """
+CREATE FUNCTION ba_test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$;
+CREATE TRIGGER ba_test_slow AFTER UPDATE ON customers FOR EACH STATEMENT EXECUTE FUNCTION ba_test_slow();
+"""
+
+
 # --- processes -------------------------------------------------------------------------------------
 
 

@@ -14,6 +14,22 @@ A run whose peak plus that reserve exceeds what the server has free (max_connect
 in use) is refused before it starts with one line giving the numbers (ConfigError naming `workers`, exit 2), so
 it never exhausts the server: by `launch_job` (the CLI, library callers) and, for the runs the UI, schedules and
 sensors submit, by the run coordinator (`coordinator.budget_refusal`: the run is FAILURE at once with that line).
+
+Across runs, the steps that do a job's work on the application database (a sweep's ranges, a declared sweep's
+ranges, the queue drains and workers, the expiry, the outbox relay, retention) are in one Dagster pool,
+`APP_DATABASE_POOL`: at most `concurrency: pools: default_limit` of them run at once on the instance, whatever
+launched them (CLI, UI, schedules, sensors), and a step over the limit waits for a slot. The limit is a count of
+steps, chosen from what one step holds at the defaults (`pool_limit`, README "Connection budget"):
+
+    server   max_connections 100 (PostgreSQL's default) - superuser_reserved_connections 3 = 97
+    a step   at most 8: a range at the default workers 4 (4 + prefetch + side effect + heartbeat + bookkeeping);
+             the others hold less (OTHER_JOBS: drain 6, relay 3, expiry 3, retention 2)
+    pool     10 slots x 8 = 80, so 17 stay for what is outside the pool: the plan, summary and report steps and
+             the checks (one connection each, for well under a second), sensors, the code server, psql.
+
+A step with more workers than the default counts as one slot all the same: a run's own peak is still checked
+against what the server has free, above. A server with another max_connections sets its own limit
+(`dagster instance concurrency set batch_assets_app_db N`, or default_limit in the instance file).
 """
 
 from __future__ import annotations
@@ -39,6 +55,13 @@ OTHER_JOBS: Mapping[str, int] = {
 """Connections kept free for the jobs that may start while a sweep runs (their peaks at the default config)."""
 
 OTHER_JOBS_CONNECTIONS = sum(OTHER_JOBS.values())
+
+APP_DATABASE_POOL = "batch_assets_app_db"
+"""The Dagster pool of the steps that work on the application database (`@op(pool=...)`)."""
+SERVER_CONNECTIONS = 100 - 3
+"""What the pool limit is chosen for: PostgreSQL's default max_connections minus superuser_reserved_connections."""
+OUTSIDE_THE_POOL = 17
+"""Connections kept for what is not in the pool (plan/summary/report steps, checks, sensors, code server, psql)."""
 ALL_AT_ONCE = 1_000_000
 """`parallel` of an executor that may run every step at once (celery workers)."""
 
@@ -86,3 +109,10 @@ def check_run_budget(engine: sa.Engine, plan: Any, *, parallel: int) -> int:
             field="workers",
         )
     return peak
+
+
+def pool_limit(engine_settings: Any, *, server: int = SERVER_CONNECTIONS, outside: int = OUTSIDE_THE_POOL) -> int:
+    """Slots of APP_DATABASE_POOL for a server of `server` usable connections when a step holds what a range step
+    of `engine_settings` holds (the largest member at the defaults): the instance files' default_limit."""
+    step = max(range_step_connections(engine_settings), *OTHER_JOBS.values())
+    return max(1, (server - outside) // step)

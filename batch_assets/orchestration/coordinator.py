@@ -75,6 +75,9 @@ class BatchAssetsRunCoordinator(dg.QueuedRunCoordinator):
         refusal = budget_refusal(run.job_name, run.run_config)
         if refusal is not None:  # it would exhaust the server: failed now, with the line (the failure alert quotes it)
             self._instance.report_run_failed(run, f"refused before it started: {refusal}")
+            from batch_assets.orchestration.watchdog import free_pool_slots
+
+            free_pool_slots(self._instance, run.run_id)  # a refused run holds nothing, nor waits for a slot
             return self._instance.get_run_by_id(run.run_id) or run
         owed = tags_for_run(run.job_name, run.asset_selection)
         missing: Mapping[str, str] = {key: value for key, value in owed.items() if key not in run.tags}

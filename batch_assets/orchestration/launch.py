@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,7 @@ from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.orchestration.ops import run_in_thread
 from batch_assets.orchestration.registry import spec_for
 from batch_assets.orchestration.spec import JobSpec
-from batch_assets.orchestration.watchdog import cli_process_tags
+from batch_assets.orchestration.watchdog import cli_process_tags, free_pool_slots, waiting_for_slot
 from batch_assets.settings import Settings
 
 EXECUTORS = ("in_process", "multiprocess", "celery")
@@ -171,7 +172,7 @@ def launch_job(
     launch_id = uuid.uuid4().hex
     # The process tag lets the dead-run watchdog fail this run at once if this process dies (orchestration.watchdog).
     all_tags = {"batch_assets/launched_by": "cli", LAUNCH_ID_TAG: launch_id, **cli_process_tags(), **(tags or {})}
-    with dg.DagsterInstance.get() as instance:
+    with dg.DagsterInstance.get() as instance, SlotWaitReporter(instance, launch_id):
         try:
             result = run_in_thread(
                 lambda: execute_in_code_location(name, instance, run_config=run_config, tags=all_tags),
@@ -264,6 +265,68 @@ def reexecute_in_code_location(
     return execute_run(recon, run, instance, raise_on_error=False)
 
 
+SLOT_WAIT_POLL_S = 5.0
+"""How often a CLI run looks whether a step of it waits for a pool slot (nothing is read before the first poll)."""
+SLOT_WAIT_REPEAT_S = 60.0
+"""While the same steps keep waiting, the line is repeated this often."""
+
+
+class SlotWaitReporter:
+    """While a CLI run executes: a line on stderr when a step of it waits for a slot of the application database's
+    pool (budget.APP_DATABASE_POOL), naming the runs that hold the slots, and one when it no longer waits.
+    Dagster waits silently otherwise (its "blocked" event is a DEBUG-level engine event, and the CLI's console
+    shows WARNING). A run shorter than SLOT_WAIT_POLL_S reads nothing."""
+
+    def __init__(self, instance: dg.DagsterInstance, launch_id: str) -> None:
+        self.instance = instance
+        self.launch_id = launch_id
+        self.run_id: str | None = None
+        self.waiting: list[str] = []
+        self._since = self._reported = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="batch-assets-slot-wait", daemon=True)
+
+    def __enter__(self) -> SlotWaitReporter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.waiting and not self._thread.is_alive():  # it got its slot since the last poll, or the run ended
+            self.poll()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(SLOT_WAIT_POLL_S):
+            self.poll()
+
+    def poll(self) -> None:
+        """Read whether the run's steps wait for a slot; say so when that changed (or every SLOT_WAIT_REPEAT_S)."""
+        from batch_assets.orchestration.budget import APP_DATABASE_POOL
+
+        try:
+            if self.run_id is None:
+                runs = self.instance.get_runs(filters=dg.RunsFilter(tags={LAUNCH_ID_TAG: self.launch_id}), limit=1)
+                self.run_id = runs[0].run_id if runs else None
+            waiting = waiting_for_slot(self.instance, self.run_id) if self.run_id else []
+            info = self.instance.event_log_storage.get_concurrency_info(APP_DATABASE_POOL) if waiting else None
+        except (sa.exc.SQLAlchemyError, OSError) as exc:  # the storage is busy or away: the next poll tells
+            log.debug("slot wait not read: %s", exc)
+            return
+        now = time.monotonic()
+        if info is not None and (waiting != self.waiting or now - self._reported >= SLOT_WAIT_REPEAT_S):
+            self._since = self._since if self.waiting else now - SLOT_WAIT_POLL_S
+            holders = sorted(info.active_run_ids - {self.run_id})
+            log.warning("run %s: %s waiting for a slot of pool %s (%.0fs so far; limit %s, held by run(s) %s)",
+                        self.run_id, ", ".join(waiting), APP_DATABASE_POOL, now - self._since, info.limit,
+                        ", ".join(holders) or "none")
+            self._reported = now
+        elif self.waiting and not waiting:
+            log.warning("run %s: no longer waiting for a slot of pool %s (waited about %.0fs)", self.run_id,
+                        APP_DATABASE_POOL, now - self._since)
+        self.waiting = waiting
+
+
 def _crashed_launch(instance: dg.DagsterInstance, launch_id: str, exc: Exception) -> LaunchResult:
     """A launch whose execution raised: the run (found by its launch tag) is reported FAILURE with its id."""
     runs = instance.get_runs(filters=dg.RunsFilter(tags={LAUNCH_ID_TAG: launch_id}), limit=1)
@@ -277,28 +340,33 @@ def _crashed_launch(instance: dg.DagsterInstance, launch_id: str, exc: Exception
 
 
 def _release_after_failure(spec: JobSpec, launched: LaunchResult, root_run_id: str, settings: Settings) -> None:
-    """A run that did not succeed gives back the lock and lease it may still hold (jobs that hold one).
+    """A run that did not succeed gives back the lock and lease it may still hold (jobs that hold one), and its
+    pool slots (watchdog.free_pool_slots: a step whose execution broke never freed its own; the daemon would
+    free them only free_slots_after_run_end_seconds after the run ended).
 
     Not when a step of it lost its celery worker (orchestration.celery.LOST_WORKER_TAG): that step may still run
     on a host cut off from the broker, and a holder on another host is never judged from here, so lease and lock
-    are left to expire (the step's writes are fenced on the lease meanwhile).
+    are left to expire (the step's writes are fenced on the lease meanwhile), and its slot to the daemon.
     """
-    if launched.dagster_status != "SUCCESS" and spec.release_after_failure is not None:
-        lost = _lost_worker(launched.run_id)
+    if launched.dagster_status == "SUCCESS":
+        return
+    with dg.DagsterInstance.get() as instance:
+        lost = _lost_worker(instance, launched.run_id)
         if lost is not None:
             log.warning("run %s: a step lost its celery worker %s; its lease and lock are left to expire",
                         launched.run_id, lost)
             return
+        free_pool_slots(instance, launched.run_id)
+    if spec.release_after_failure is not None:
         with one_off_engine(settings) as engine:
             spec.release_after_failure(root_run_id, engine, settings.redis_url)
 
 
-def _lost_worker(run_id: str) -> str | None:
+def _lost_worker(instance: dg.DagsterInstance, run_id: str) -> str | None:
     """The celery worker a step of the run lost (the tag the celery executor sets), or None."""
     from batch_assets.orchestration.celery import LOST_WORKER_TAG
 
-    with dg.DagsterInstance.get() as instance:
-        run = instance.get_run_by_id(run_id)
+    run = instance.get_run_by_id(run_id)
     return None if run is None else run.tags.get(LOST_WORKER_TAG)
 
 

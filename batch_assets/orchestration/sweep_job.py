@@ -45,6 +45,7 @@ from batch_assets.locking.run_guard import (
     run_owner,
 )
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.config import JobConfig, config_class
 from batch_assets.orchestration.executors import in_one_process, ranges_executor
 from batch_assets.orchestration.metadata import records_table, run_numbers
@@ -365,7 +366,7 @@ def build_sweep_job(job: SweepJob) -> JobSpec:  # noqa: C901 — the ops are clo
                 mapping_key=f"r{index:03d}_of_{len(ranges):03d}",
             )
 
-    @dg.op(name=range_name, tags={"kind": "sweep"})
+    @dg.op(name=range_name, tags={"kind": "sweep"}, pool=APP_DATABASE_POOL)
     def sweep_range(context: dg.OpExecutionContext, task: RangeTask, database: DatabaseResource,
                     job_lock: JobLockResource, checkpoints: CheckpointsResource) -> dict:
         from batch_assets.engine.definition import RunContext

@@ -13,7 +13,9 @@ judged dead (`dead_reason`) when
 1. a lease or lock naming the run is held by a process of this host and pid namespace that no longer
    exists (locking.owner.provably_dead): at once;
 2. no live lease names the run and one that does lapsed more than `LAPSE_GRACE_S` ago, after the run
-   started: its heartbeats stopped (a run-level owner, whose ops run in several processes);
+   started: its heartbeats stopped (a run-level owner, whose ops run in several processes). Not while a step
+   of the run waits for a slot of the application database's pool (`waiting_for_slot`): between its plan step
+   and a range that waits, nothing of the run renews the lease, and a wait is not a death;
 3. it holds nothing and its run worker is provably dead: the process named by the run's
    `batch_assets/process` tag (CLI runs) or by Dagster's "Started process for run (pid: N)" event of a
    worker launched by a code server on this host (daemon runs). A live lease or lock not provably dead
@@ -21,7 +23,10 @@ judged dead (`dead_reason`) when
 
 Such a run is reported failed (`instance.report_run_failed`, so `run_failure_alert_sensor` alerts), and
 what it held is released at that moment (owner-filtered), so the queued runs start and the next run
-resumes from the checkpoints instead of ending SKIPPED on a dead holder.
+resumes from the checkpoints instead of ending SKIPPED on a dead holder. Its slots in Dagster's pools
+(budget.APP_DATABASE_POOL) are freed at that moment too (`free_pool_slots`): Dagster frees a step's slot when
+the step ends, and the daemon frees a finished run's only after run_monitoring.free_slots_after_run_end_seconds,
+so a killed run's slot would keep the next run's step waiting until then.
 
 `dead_run_watchdog_sensor` does this every `WATCHDOG_INTERVAL_S`. It starts no runs, so like the
 failure alert it is RUNNING whatever BATCH_ASSETS_AUTOMATION says (CLI runs die too). The bound:
@@ -49,6 +54,7 @@ from batch_assets.errors import BatchAssetsError, error_text
 from batch_assets.locking.lease import Lease
 from batch_assets.locking.lock import make_job_lock
 from batch_assets.locking.owner import make_owner, provably_dead
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
 
 log = logging.getLogger(__name__)
@@ -147,8 +153,31 @@ def _process_gone(pid: int, seen_at: float) -> bool:
         return True
 
 
-def dead_reason(run_start: float | None, held: Sequence[Holding], worker_gone: str | None) -> str | None:
-    """Why a STARTED run is dead, or None when it may be alive (rules 1-3 of the module docstring)."""
+def free_pool_slots(instance: dg.DagsterInstance, run_id: str) -> int:
+    """Free every pool slot the run holds and drop its steps waiting for one (a run judged dead or refused);
+    returns how many slots it held. A storage without pools (supports_global_concurrency_limits) has none."""
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return 0
+    held = sum(1 for slot in storage.get_concurrency_info(APP_DATABASE_POOL).claimed_slots if slot.run_id == run_id)
+    storage.free_concurrency_slots_for_run(run_id)  # every pool, not only ours: the run is over
+    return held
+
+
+def waiting_for_slot(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """The run's steps waiting for a slot of APP_DATABASE_POOL (pending, no slot claimed yet)."""
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return []
+    info = storage.get_concurrency_info(APP_DATABASE_POOL)
+    holding = {slot.step_key for slot in info.claimed_slots if slot.run_id == run_id}
+    return [step.step_key for step in info.pending_steps if step.run_id == run_id and step.step_key not in holding]
+
+
+def dead_reason(run_start: float | None, held: Sequence[Holding], worker_gone: str | None,
+                waiting: bool = False) -> str | None:
+    """Why a STARTED run is dead, or None when it may be alive (rules 1-3 of the module docstring); `waiting`: a
+    step of the run waits for a pool slot, so a lapsed lease alone (rule 2) does not make it dead."""
     for kind in ("lease", "lock"):
         of_kind = [h for h in held if h.kind == kind]
         live = [h for h in of_kind if h.live]
@@ -158,7 +187,7 @@ def dead_reason(run_start: float | None, held: Sequence[Holding], worker_gone: s
             return f"its {kind} {live[0].name!r} is held by a process that is gone ({live[0].owner})"
         started = run_start or 0.0
         lapsed = [h for h in of_kind if h.lapsed_s > LAPSE_GRACE_S and h.renewed_at >= started - 1]
-        if kind == "lease" and lapsed:
+        if kind == "lease" and lapsed and not waiting:
             return f"its lease {lapsed[0].name!r} lapsed {lapsed[0].lapsed_s:.0f}s ago (no heartbeat)"
     if worker_gone is not None:
         return f"its run worker process is gone ({worker_gone})"
@@ -187,7 +216,8 @@ def fail_if_dead(instance: dg.DagsterInstance, engine: sa.Engine, record: dg.Run
     if run.status != dg.DagsterRunStatus.STARTED:
         return None
     held = holdings(engine, run)
-    reason = dead_reason(record.start_time, held, worker_gone(instance, run))
+    reason = dead_reason(record.start_time, held, worker_gone(instance, run),
+                         waiting=bool(held) and bool(waiting_for_slot(instance, run.run_id)))
     if reason is None:
         return None
     current = instance.get_run_by_id(run.run_id)
@@ -198,6 +228,7 @@ def fail_if_dead(instance: dg.DagsterInstance, engine: sa.Engine, record: dg.Run
     log.error(message)
     instance.report_run_failed(current, message)
     release_holdings(engine, held, redis_url)
+    free_pool_slots(instance, run.run_id)  # now, not after the daemon's free_slots_after_run_end_seconds
     return reason
 
 
@@ -244,4 +275,4 @@ def build_watchdog_sensor(job_names: Iterable[str]) -> dg.SensorDefinition:
 
 
 __all__ = ["PROCESS_TAG", "Holding", "build_watchdog_sensor", "cli_process_tags", "dead_reason", "fail_if_dead",
-           "holdings", "release_holdings", "worker_gone"]
+           "free_pool_slots", "holdings", "release_holdings", "waiting_for_slot", "worker_gone"]

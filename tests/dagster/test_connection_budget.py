@@ -9,6 +9,7 @@ from datetime import date
 
 import pytest
 import sqlalchemy as sa
+from helpers import SLOW_WRITES
 
 from batch_assets.crypto import DobCipher
 from batch_assets.db.engine import RUN_APPLICATION_PREFIX
@@ -24,12 +25,6 @@ RANGES, WORKERS = 3, 2
 # :db, :prefix — client backends on the test database by application_name (a run's carry its run id).
 BACKENDS = sa.text("SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = :db "
                    "AND backend_type = 'client backend' AND application_name LIKE :prefix GROUP BY 1")
-# Every page write waits a little, so the three ranges' workers all hold their connections at the same time.
-SLOW_WRITES = """
-CREATE FUNCTION ba_test_slow() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_sleep(0.2); RETURN NULL; END $$;
-CREATE TRIGGER ba_test_slow AFTER UPDATE ON customers FOR EACH STATEMENT EXECUTE FUNCTION ba_test_slow();
-"""
 
 
 def test_a_multi_range_run_holds_what_the_budget_says(

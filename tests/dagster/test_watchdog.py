@@ -15,6 +15,7 @@ from batch_assets.definitions import defs as load_defs
 from batch_assets.domains.customer_status.dagster import SWEEP_JOB_KEY, customer_status_sweep_job
 from batch_assets.domains.payments.dagster import payment_queue_drain_job
 from batch_assets.locking.lease import Lease
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.watchdog import PROCESS_TAG
 from batch_assets.settings import Settings
 
@@ -104,6 +105,26 @@ def test_run_heartbeating_from_another_connection_stays_started(dagster_env: Set
         assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
         with engine.connect() as conn:
             assert conn.execute(HELD).scalar_one() == 2
+
+
+def test_run_waiting_for_a_pool_slot_is_not_dead_by_its_lapsed_lease(dagster_env: Settings, engine: sa.Engine,
+                                                                      db_url: str) -> None:
+    """A STARTED sweep whose range waits for a slot of the application database's pool stays STARTED though its lease
+    lapsed (nothing of the run renews it while it waits); once it no longer waits, the lapse fails it as before."""
+    with dg.instance_for_test() as instance:
+        run = instance.create_run_for_job(job_def=customer_status_sweep_job, status=dg.DagsterRunStatus.STARTED)
+        owner = f"{run.run_id}@another-host:run"
+        with engine.begin() as conn:
+            conn.execute(PUT_LEASE, {"name": SWEEP_JOB_KEY, "owner": owner, "lease_in_s": -30.0})
+            conn.execute(PUT_LOCK, {"name": SWEEP_JOB_KEY, "owner": owner, "lock_in_s": 30.0})
+        storage = instance.event_log_storage
+        storage.set_concurrency_slots(APP_DATABASE_POOL, 1)
+        assert storage.claim_concurrency_slot(APP_DATABASE_POOL, "another-run", "sweep_range[r000_of_001]").is_claimed
+        assert not storage.claim_concurrency_slot(APP_DATABASE_POOL, run.run_id, "sweep_range[r000_of_004]").is_claimed
+        assert "all alive" in _tick(instance, db_url)
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
+        storage.free_concurrency_slot_for_step(run.run_id, "sweep_range[r000_of_004]")  # no longer waiting
+        assert "1 dead run(s) marked failed" in _tick(instance, db_url)
 
 
 def test_lease_lapsed_before_the_run_started_is_not_its_death(dagster_env: Settings, engine: sa.Engine,

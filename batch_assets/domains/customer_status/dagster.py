@@ -49,6 +49,7 @@ from batch_assets.locking.run_guard import (
     run_owner,
 )
 from batch_assets.orchestration.automation import IN_PROGRESS, schedule_timezone, tick_date
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.celery import celery_on_redis_executor
 from batch_assets.orchestration.config import JobConfig, config_class
 from batch_assets.orchestration.executors import in_one_process, ranges_executor
@@ -232,7 +233,7 @@ def plan_sweep(
         )
 
 
-@dg.op(tags={"kind": "sweep"})
+@dg.op(tags={"kind": "sweep"}, pool=APP_DATABASE_POOL)
 def sweep_range(
     context: dg.OpExecutionContext,
     task: RangeTask,

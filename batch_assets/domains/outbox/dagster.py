@@ -33,6 +33,7 @@ from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import LockNotAcquired
 from batch_assets.locking.guard import job_guard
 from batch_assets.orchestration.automation import schedule_timezone, tick_minute
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.config import config_class
 from batch_assets.orchestration.metadata import counts_table, run_numbers
 from batch_assets.orchestration.ops import (
@@ -164,7 +165,7 @@ RELAY_GUARD = SweepSettings()
 """Lock 120 s renewed every 10 s by the heartbeat, lease 60 s: the same timings as the sweep's."""
 
 
-@dg.op(tags={"kind": "outbox"}, config_schema=config_schema_of(OutboxRelayConfig))
+@dg.op(tags={"kind": "outbox"}, pool=APP_DATABASE_POOL, config_schema=config_schema_of(OutboxRelayConfig))
 def relay_outbox_events(
     context: dg.OpExecutionContext,
     database: DatabaseResource,

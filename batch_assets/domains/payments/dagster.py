@@ -22,6 +22,7 @@ from batch_assets.domains.queue.handler import Handler
 from batch_assets.domains.queue.settings import QueueSettings
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import IN_PROGRESS
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.metadata import counts_table, observable_table
 from batch_assets.orchestration.ops import (
     config_failure,
@@ -82,7 +83,7 @@ def payment_resources(settings: Settings) -> dict[str, Any]:
 # --- op and job ----------------------------------------------------------------------------
 
 
-@dg.op(tags={"kind": "queue"}, config_schema=config_schema_of(QueueDrainConfig))
+@dg.op(tags={"kind": "queue"}, pool=APP_DATABASE_POOL, config_schema=config_schema_of(QueueDrainConfig))
 def drain_payment_queue(
     context: dg.OpExecutionContext,
     database: DatabaseResource,

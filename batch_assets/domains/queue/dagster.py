@@ -14,6 +14,7 @@ from batch_assets.domains.queue.declaration import QueueDeclaration
 from batch_assets.domains.queue.settings import QueueRunSettings
 from batch_assets.domains.queue.worker import run_worker
 from batch_assets.errors import ConfigError
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.config import config_class
 from batch_assets.orchestration.ops import (
     config_failure,
@@ -44,7 +45,8 @@ def queue_job_spec(declaration: QueueDeclaration, *, source: str = "") -> JobSpe
     """The op and job of one declared queue."""
     name = declaration.name
 
-    @dg.op(name=f"work_{name}_queue", tags={"kind": "queue"}, config_schema=config_schema_of(QueueWorkConfig))
+    @dg.op(name=f"work_{name}_queue", tags={"kind": "queue"}, pool=APP_DATABASE_POOL,
+           config_schema=config_schema_of(QueueWorkConfig))
     def work(context: dg.OpExecutionContext, database: DatabaseResource) -> dict:
         """Process due rows: until nothing is due (drain), or resident until stopped or max_seconds."""
         started_at = utcnow()

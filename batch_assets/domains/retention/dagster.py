@@ -10,6 +10,7 @@ import dagster as dg
 
 from batch_assets.domains.retention.retention import RetentionSettings, run_retention
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.config import config_class
 from batch_assets.orchestration.ops import (
     SUCCESS,
@@ -29,7 +30,7 @@ RetentionConfig = config_class(
     RetentionSettings, "RetentionConfig", "Retention (CONTRACT §2 `retention run`), derived from RetentionSettings.")
 
 
-@dg.op(tags={"kind": "retention"}, config_schema=config_schema_of(RetentionConfig))
+@dg.op(tags={"kind": "retention"}, pool=APP_DATABASE_POOL, config_schema=config_schema_of(RetentionConfig))
 def prune_retention(context: dg.OpExecutionContext, database: DatabaseResource) -> dict:
     """Delete SENT outbox events, run history and finished checkpoints older than the cutoff, batch by batch."""
     started_at = utcnow()

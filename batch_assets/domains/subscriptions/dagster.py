@@ -14,6 +14,7 @@ from batch_assets.domains.subscriptions import sql
 from batch_assets.domains.subscriptions.expiry import ExpiryJobSettings, run_expiry_job
 from batch_assets.errors import LockNotAcquired
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
+from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.config import config_class
 from batch_assets.orchestration.metadata import counts_table, observable_table, run_numbers
 from batch_assets.orchestration.ops import (
@@ -51,7 +52,7 @@ builds the settings model (every bound and cross-field rule, one place)."""
 # --- op and job ----------------------------------------------------------------------------
 
 
-@dg.op(tags={"kind": "expiry"}, config_schema=config_schema_of(ExpiryConfig))
+@dg.op(tags={"kind": "expiry"}, pool=APP_DATABASE_POOL, config_schema=config_schema_of(ExpiryConfig))
 def expire_subscriptions(
     context: dg.OpExecutionContext,
     database: DatabaseResource,
