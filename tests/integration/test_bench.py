@@ -69,7 +69,8 @@ def test_quick_bench_writes_a_complete_report_table_and_charts(bench_run: dict[s
     assert (out / f"bench-{report['created_at'][:10]}-quick.json").is_file()
     for name in ("latest.md", "throughput.png", "rss.png", "queue.png"):
         assert (out / name).stat().st_size > 0
-    assert "(1/10) seeding" in bench_run["stderr"] and "done in" in bench_run["stderr"]
+    assert "(1/11) seeding" in bench_run["stderr"] and "(11/11) peak RSS" in bench_run["stderr"]
+    assert "done in" in bench_run["stderr"] and "only" not in report and "--only" not in report["command"]
     sweep = report["sweep"]
     assert sweep["full_first_computation_w1"]["changed"] == ROWS
     assert sweep["full_steady_state_w4"]["changed"] == 0
@@ -196,14 +197,65 @@ def test_queue_section_is_rendered_into_table_chart_and_readme(bench_run: dict[s
 def test_bad_options_exit_2_and_write_nothing(server_url: str, tmp_path: Path) -> None:
     """A size out of bounds is one line on stderr and exit 2, before any database or file is made."""
     out = tmp_path / "out"
-    for argv in (["--rows", "5"], ["--quick", "--small-rows", "50000"], ["--workers", "1,x"],
-                 ["--queue-payments", "0"]):
+    for argv, says in ((["--rows", "5"], "rows"), (["--quick", "--small-rows", "50000"], "small-rows"),
+                       (["--workers", "1,x"], "workers"), (["--queue-payments", "0"], "queue-payments"),
+                       (["--quick", "--only", "sweep,seeds"], "'seeds'"), (["--quick", "--only", ","], "none given"),
+                       (["--quick", "--only", "startup,sweep"], "startup needs references")):
         result = subprocess.run([sys.executable, "-m", "batch_assets.cli", "bench", *argv, "--output-dir", str(out)],
                                 env=_bench_env(server_url, tmp_path / "home"), capture_output=True, text=True,
                                 timeout=120)
         assert result.returncode == 2, (argv, result.stderr)
         assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: ")
+        assert says in result.stderr, (argv, result.stderr)
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_only_runs_the_sections_named_and_the_checker_holds_the_report_to_them(
+    server_url: str, tmp_path: Path
+) -> None:
+    """`--only sweep,rss` (issue 20's scaling runs): seeding, the product's sweeps and the peak RSS, nothing else; the
+    report says so under `only`, passes the checker and merges into the scaling table, and the checker rejects it
+    once it no longer says so, or when it holds a section it does not name."""
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "batch_assets.cli", "bench", "--quick", "--rows", str(ROWS), "--small-rows",
+         str(SMALL_ROWS), "--only", "rss, sweep", "--run-date", RUN_DATE.isoformat(), "--output-dir", str(out)],
+        env=_bench_env(server_url, tmp_path / "home"), capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "latest.json").read_text())
+    assert report["only"] == ["sweep", "rss"] and report["command"] == "batch-assets bench --quick --only sweep,rss"
+    assert "(1/6) seeding" in result.stderr and "(6/6) peak RSS" in result.stderr
+    progress = "\n".join(line for line in result.stderr.splitlines() if line.startswith("bench ["))
+    assert "naive" not in progress and "start-up" not in progress and "queue" not in progress
+    assert report["references"] == {} and not {"startup", "queue", "outbox", "declared"} & set(report)
+    assert "plans" not in report["checks"] and report["checks"]["peak_rss"]["large"]["rows"] == ROWS
+    for key in ("full_first_computation_w1", "full_steady_state_w4", "delta_0_1pct_due_w4", "config_change"):
+        assert report["sweep"][key]["scanned"] > 0
+    assert "floor_time_ratio" not in report["sweep"]["full_first_computation_w1"]
+    assert "Queue" not in (out / "latest.md").read_text()
+
+    passed = _checker(out / "latest.json")
+    assert passed.returncode == 0, passed.stdout
+    scale = tmp_path / "scale.json"
+    merged = subprocess.run([sys.executable, "-m", "batch_assets.bench.scaling", str(out / "latest.json"),
+                             "--output", str(scale)], capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    assert json.loads(scale.read_text())["sizes"][0]["peak_rss_mib"] == report["checks"]["peak_rss"]["large"][
+        "peak_rss_mib"]
+
+    full = {k: v for k, v in report.items() if k != "only"}  # the same figures, no longer saying they are partial
+    problems = check.check_report(full)
+    assert any("references.naive is missing" in p for p in problems)
+    assert any("startup is missing" in p for p in problems)
+    assert any("no EXPLAIN of the delta first page" in p for p in problems)
+    assert check.check_report(report) == []
+    extra = dict(report, startup={"startup_s": 1.0})
+    assert check.check_report(extra) == ["report has the startup section but report.only does not name it"]
+    assert any("report.only must list sections" in p for p in check.check_report(dict(report, only=["sweeps"])))
+    assert any("does not say --only sweep" in p
+               for p in check.check_report(dict(report, command="batch-assets bench --quick")))
 
 
 # --- the references, against the contract ------------------------------------------------------
