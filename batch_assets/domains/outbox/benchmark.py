@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,10 +54,16 @@ def _insert_events(engine: sa.Engine, n: int) -> None:
         )
 
 
+_AGGREGATE_ID = str(uuid.UUID(int=0))
+_CREATED_AT = datetime.now(UTC).isoformat()
+
+
 def _bodies(lo: int, hi: int) -> list[bytes]:
-    """The raw client's messages, serialized as it publishes them (as the relay serializes its events)."""
-    return [json.dumps({"id": i, "idempotency_key": str(i), "event_type": "age_category_changed",
-                        "payload": _BODY}, separators=(",", ":")).encode() for i in range(lo, hi)]
+    """The raw client's messages, serialized as it publishes them: the relay's message (`OutboxEvent.to_message`:
+    the same fields, so the same size) with an aggregate id and a created_at of the same length."""
+    return [json.dumps({"id": i, "idempotency_key": str(i), "aggregate_id": _AGGREGATE_ID,
+                        "event_type": "age_category_changed", "payload": _BODY, "created_at": _CREATED_AT},
+                       separators=(",", ":")).encode() for i in range(lo, hi)]
 
 
 async def _raw_rabbitmq(url: str, n: int, batch: int) -> float:

@@ -70,6 +70,22 @@ def body_of(event: OutboxEvent) -> bytes:
                      event.created_at.isoformat())).encode()
 
 
+def bodies_of(events: Sequence[OutboxEvent]) -> list[bytes]:
+    """`body_of` of every event of a batch, each distinct `created_at` rendered once: the events one transaction
+    wrote share its now() (a sweep's page, a batch of them), and datetime.isoformat was the largest part of
+    building a message (measured: 3-4 of 5.6 us). The key holds the tzinfo and fold, which equality ignores."""
+    rendered: dict[tuple[Any, ...], str] = {}
+    out = []
+    for e in events:
+        at = e.created_at
+        key = (at, at.tzinfo, at.fold)
+        iso = rendered.get(key)
+        if iso is None:
+            iso = rendered[key] = at.isoformat()
+        out.append((_BODY % (e.id, e.id, _quote(e.aggregate_id), _quote(e.event_type), e.payload_json, iso)).encode())
+    return out
+
+
 # --- file and Redis ----------------------------------------------------------------------------
 
 
@@ -81,7 +97,7 @@ class JsonLinesSink:
 
     def send_batch(self, events: Sequence[OutboxEvent]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        lines = "".join(body_of(e).decode() + "\n" for e in events)
+        lines = "".join(body.decode() + "\n" for body in bodies_of(events))
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(lines)
             fh.flush()
@@ -253,12 +269,12 @@ class RabbitMQSink(_AsyncSink):
 
         publishes = [
             self._exchange.publish(
-                aio_pika.Message(body_of(e), message_id=str(e.id), type=e.event_type,
+                aio_pika.Message(body, message_id=str(e.id), type=e.event_type,
                                  content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
                 routing_key=self.routing_key or e.event_type,
                 mandatory=True,
             )
-            for e in events
+            for e, body in zip(events, bodies_of(events), strict=True)
         ]
         results = await asyncio.gather(*publishes, return_exceptions=True)
         return [r if isinstance(r, BaseException) else None for r in results]
@@ -300,9 +316,9 @@ class NatsJetStreamSink(_AsyncSink):
 
     async def _publish(self, events: Sequence[OutboxEvent]) -> list[BaseException | None]:
         acks = [
-            await self._js.publish_async(f"{self.subject}.{e.event_type}", body_of(e), stream=self.stream,
+            await self._js.publish_async(f"{self.subject}.{e.event_type}", body, stream=self.stream,
                                          headers={"Nats-Msg-Id": str(e.id)})
-            for e in events
+            for e, body in zip(events, bodies_of(events), strict=True)
         ]
         await self._nc.flush(timeout=self.timeout_s)
         results = await asyncio.gather(*acks, return_exceptions=True)
