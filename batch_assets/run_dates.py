@@ -11,7 +11,7 @@ from datetime import date, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from batch_assets.errors import ConfigError
-from batch_assets.settings import TIMEZONE_VAR, load_settings
+from batch_assets.settings import TIMEZONE_VAR
 
 RUN_DATE_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", re.ASCII)
 """Exactly YYYY-MM-DD in ASCII digits: `date.fromisoformat` alone also takes 20261130 and 2026-W48-1."""
@@ -39,19 +39,20 @@ def parse_run_date(value: str | None, *, field: str = "run_date") -> date | None
         raise ConfigError(f"{value!r} is not a real date (YYYY-MM-DD)", field=field) from None
 
 
-def check_run_date_window(run_date: date | None, *, allow_distant: bool, field: str = "run_date") -> None:
-    """A run date more than BATCH_ASSETS_RUN_DATE_WINDOW_DAYS (default 366) from today needs `allow_distant`.
+def check_run_date_window(run_date: date | None, *, allow_distant: bool, window_days: int, timezone: str,
+                          field: str = "run_date") -> None:
+    """A run date more than `window_days` from today in `timezone` needs `allow_distant`.
 
-    A mistyped year (2070, 1926) would otherwise rewrite every category as of that day.
+    A mistyped year (2070, 1926) would otherwise rewrite every category as of that day. The window and the
+    zone are given, never read here: an op passes its calendar resource's, the command line its settings'
+    (BATCH_ASSETS_RUN_DATE_WINDOW_DAYS, default 366, and BATCH_ASSETS_TIMEZONE).
     """
     if run_date is None or allow_distant:
         return
-    settings = load_settings()
-    today = today_in(settings.timezone)
-    window = settings.run_date_window_days
-    if abs((run_date - today).days) > window:
+    today = today_in(timezone)
+    if abs((run_date - today).days) > window_days:
         raise ConfigError(
-            f"{run_date.isoformat()} is more than {window} days from today ({today.isoformat()}); "
+            f"{run_date.isoformat()} is more than {window_days} days from today ({today.isoformat()}); "
             f"pass allow_distant_run_date (CLI: --allow-distant-run-date) if that is really meant",
             field=field,
         )

@@ -63,7 +63,10 @@ class SettingsModel(pydantic.BaseModel):
 
 
 class DatedSettings(SettingsModel):
-    """A job fixed to one run date (default: today in BATCH_ASSETS_TIMEZONE, resolved when the run starts)."""
+    """A job fixed to one run date (default: today in BATCH_ASSETS_TIMEZONE, resolved when the run starts).
+
+    How far the run date may lie from today is not a rule of the model: "today" and the window belong to where
+    the run is checked (`check_run_date`: the op's calendar resource, the command line's settings)."""
 
     run_date: date | None = pydantic.Field(
         default=None,
@@ -79,10 +82,13 @@ class DatedSettings(SettingsModel):
     def _parse_run_date(cls, value: Any) -> Any:
         return parse_run_date(value) if isinstance(value, str) else value
 
-    @pydantic.model_validator(mode="after")
-    def _run_date_window(self) -> Self:
-        check_run_date_window(self.run_date, allow_distant=self.allow_distant_run_date)
-        return self
+
+def check_run_date(settings: object, *, window_days: int, timezone: str) -> None:
+    """A dated job's run date within `window_days` of today in `timezone`, unless `allow_distant_run_date`
+    (a ConfigError naming run_date); settings without a run date pass."""
+    if isinstance(settings, DatedSettings):
+        check_run_date_window(settings.run_date, allow_distant=settings.allow_distant_run_date,
+                              window_days=window_days, timezone=timezone)
 
 
 _MESSAGES = {
@@ -205,6 +211,7 @@ __all__ = [
     "DatedSettings",
     "SettingsModel",
     "bounds",
+    "check_run_date",
     "choices",
     "config_error",
     "describe",

@@ -284,6 +284,20 @@ def sensor_resources(db_url: str | None = None) -> dict[str, Any]:
             "alerts": AlertsResource(webhook=os.environ.get("BATCH_ASSETS_ALERT_WEBHOOK") or None)}
 
 
+def job_with_resources(job_name: str, **overrides: Any) -> Any:
+    """A job of the code location (a declared one too) with its resources as `get_job` binds them from this
+    process's environment, but for `overrides` (e.g. calendar=CalendarResource(...))."""
+    import dagster as dg
+
+    from batch_assets.orchestration.registry import resources_of, spec_for
+    from batch_assets.settings import load_settings
+
+    spec = spec_for(job_name)
+    [job] = [j for j in spec.op_jobs if j.name == job_name]
+    resources = {**resources_of((spec,), load_settings()), **overrides}
+    return dg.Definitions(jobs=[job], resources=resources).resolve_job_def(job_name)
+
+
 # --- a TCP proxy in front of a real service (one home: the fault campaign's) -----------------------------
 
 from faults.brokers import TcpProxy  # noqa: E402

@@ -10,6 +10,7 @@ from batch_assets.errors import (
     EXIT_FAILED,
 )
 from batch_assets.settings import Settings
+from batch_assets.settings_model import check_run_date
 
 if TYPE_CHECKING:
     from batch_assets.orchestration.config import JobConfig
@@ -17,11 +18,14 @@ if TYPE_CHECKING:
 C = TypeVar("C", bound="JobConfig")
 
 
-def build_config(cls: type[C], **values: Any) -> tuple[C, Any]:
+def build_config(cls: type[C], settings: Settings, /, **values: Any) -> tuple[C, Any]:
     """The job's run config from the command's options (None = not given), validated once: the config
-    object and its settings (`to_settings()`); a bad value is a ConfigError naming the field (exit 2)."""
+    object and its settings (`to_settings()`, and a run date within the environment's window of today,
+    `settings`); a bad value is a ConfigError naming the field (exit 2)."""
     config = cls.from_values(values)
-    return config, config.to_settings()
+    plan = config.to_settings()
+    check_run_date(plan, window_days=settings.run_date_window_days, timezone=settings.timezone)
+    return config, plan
 
 
 def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any] | None = None) -> int:

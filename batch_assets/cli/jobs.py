@@ -114,7 +114,7 @@ def cmd_jobs_run(args: argparse.Namespace, settings: Settings) -> int:
     unknown = sorted(set(values) - set(spec.config.model_fields))
     if unknown:
         raise ConfigError(f"{spec.config.__name__} has no field {unknown[0]!r}", field=unknown[0])
-    config, _ = build_config(spec.config, **values)
+    config, _ = build_config(spec.config, settings, **values)
     return run_job(spec.name, config, settings)
 
 

@@ -18,7 +18,8 @@ def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.outbox.dagster import OutboxRelayConfig
 
     config, _ = build_config(
-        OutboxRelayConfig, batch_size=args.batch_size, follow=args.follow or None, follow_seconds=args.max_seconds
+        OutboxRelayConfig, settings, batch_size=args.batch_size, follow=args.follow or None,
+        follow_seconds=args.max_seconds,
     )
     connected_engine(settings)
     return run_job("outbox_relay_job", config, settings)

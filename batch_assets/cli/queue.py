@@ -78,7 +78,7 @@ def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
         from batch_assets.domains.payments.dagster import QueueDrainConfig
         from batch_assets.domains.payments.handler import load_plugin, plugin_spec_from_environment
 
-        config, _ = build_config(QueueDrainConfig, **options)
+        config, _ = build_config(QueueDrainConfig, settings, **options)
         spec = plugin_spec_from_environment()
         if spec:
             load_plugin(spec)  # an unimportable handler is exit 2 before anything is claimed
@@ -87,7 +87,7 @@ def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.cli.jobs import checked_declarations
     from batch_assets.domains.queue.dagster import QueueWorkConfig, job_name
 
-    work_config, _ = build_config(QueueWorkConfig, **options)
+    work_config, _ = build_config(QueueWorkConfig, settings, **options)
     _store(args, settings)  # the table holds every column, or exit 2 naming the file and the column
     checked_declarations(settings, job_name(declaration.name))  # the handler imports (exit 2 naming the file)
     return run_job(job_name(declaration.name), work_config, settings, extra={"queue": declaration.name})

@@ -13,7 +13,8 @@ from batch_assets.settings import Settings
 def cmd_retention_run(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.domains.retention.dagster import RetentionConfig, retention_job
 
-    config, _ = build_config(RetentionConfig, older_than_days=args.older_than_days, batch_size=args.batch_size)
+    config, _ = build_config(RetentionConfig, settings, older_than_days=args.older_than_days,
+                             batch_size=args.batch_size)
     return run_job(retention_job.name, config, settings)
 
 

@@ -22,8 +22,8 @@ def cmd_subscriptions_expire(args: argparse.Namespace, settings: Settings) -> in
     from batch_assets.domains.subscriptions.dagster import ExpiryConfig
 
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
-    config, _ = build_config(ExpiryConfig, run_date=run_date.isoformat(), retry_failed=args.retry_failed,
-                           allow_distant_run_date=args.allow_distant_run_date or None)
+    config, _ = build_config(ExpiryConfig, settings, run_date=run_date.isoformat(),
+                           retry_failed=args.retry_failed, allow_distant_run_date=args.allow_distant_run_date or None)
     connected_engine(settings)
     return run_job("subscription_expiry_job", config, settings, {"run_date": run_date})
 

@@ -25,6 +25,7 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
     config, _ = build_config(
         SweepConfig,
+        settings,
         mode=args.mode,
         run_date=run_date.isoformat(),
         workers=args.workers,

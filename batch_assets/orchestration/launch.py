@@ -39,6 +39,7 @@ from batch_assets.orchestration.registry import spec_for
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.watchdog import cli_process_tags, free_pool_slots, waiting_for_slot
 from batch_assets.settings import Settings
+from batch_assets.settings_model import check_run_date
 
 EXECUTORS = ("in_process", "multiprocess", "celery")
 log = logging.getLogger(__name__)
@@ -94,8 +95,10 @@ def get_job(job_name: str) -> dg.JobDefinition:
     return dg.Definitions(jobs=jobs, resources=resources_of((spec,), load_settings())).resolve_job_def(job_name)
 
 
-def validated_config(job_name: str, config: JobConfig | Mapping[str, Any] | None) -> tuple[JobConfig, Any]:
-    """The job's config object and its validated settings (`to_settings()`, the one validation).
+def validated_config(job_name: str, config: JobConfig | Mapping[str, Any] | None,
+                     settings: Settings) -> tuple[JobConfig, Any]:
+    """The job's config object and its validated settings (`to_settings()`, the one validation), its run date
+    within the window of today that `settings` (the environment) give.
 
     `config` is the job's `JobConfig`, a dict of its fields, or None for the defaults; a bad value is
     a ConfigError naming the field, raised before anything runs.
@@ -105,7 +108,9 @@ def validated_config(job_name: str, config: JobConfig | Mapping[str, Any] | None
         config = cls.from_values(config)
     elif not isinstance(config, cls):
         raise ConfigError(f"expected {cls.__name__}, got {type(config).__name__}", field="config")
-    return config, config.to_settings()
+    plan = config.to_settings()
+    check_run_date(plan, window_days=settings.run_date_window_days, timezone=settings.timezone)
+    return config, plan
 
 
 def build_run_config(
@@ -160,7 +165,7 @@ def launch_job(
     # Whatever the caller built (a Config object, a dict, None) is validated here, before anything runs:
     # a library caller's object may never have been through to_settings() (cheap, so the CLI's own early
     # call costs nothing worth saving).
-    config, plan = validated_config(job_name, config)
+    config, plan = validated_config(job_name, config, settings)
     run_config = build_run_config(
         name, config, executor=executor, max_concurrent=max_concurrent, executor_config=executor_config
     )

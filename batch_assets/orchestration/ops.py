@@ -18,6 +18,7 @@ from batch_assets.errors import ConfigError
 from batch_assets.orchestration.config import JobConfig
 from batch_assets.orchestration.resources import CalendarResource
 from batch_assets.run_history import empty_summary
+from batch_assets.settings_model import DatedSettings
 from batch_assets.shutdown import STOP
 
 T = TypeVar("T")
@@ -71,12 +72,13 @@ def validated_plan(config: JobConfig, *checks: Callable[[], object]) -> Any:
     return plan
 
 
-def resolve_run_date(configured: date | None, calendar: CalendarResource) -> date:
-    """The run date: the configured one, else today in the calendar resource's time zone (once per run)."""
-    if configured is not None:
-        return configured
+def resolve_run_date(plan: DatedSettings, calendar: CalendarResource) -> date:
+    """The run date of a dated job: the configured one, within the calendar resource's window of today (unless
+    allow_distant_run_date), else today in the calendar's time zone (once per run). A distant date or an unknown
+    zone is `config_failure`, one line naming the field, before any read or write."""
     try:
-        return calendar.today()
+        calendar.check_run_date(plan)
+        return plan.run_date if plan.run_date is not None else calendar.today()
     except ConfigError as exc:
         raise config_failure(exc) from None
 

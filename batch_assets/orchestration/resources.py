@@ -1,4 +1,4 @@
-"""Resources: the database, the encryption key, the job lock, the checkpoint store and the alert sink.
+"""Resources: the database, the encryption key, the job lock, the checkpoint store, the alert sink and the calendar.
 
 Each is a `ConfigurableResource` set up once per process (per step process under
 the multiprocess and celery executors) and disposed at teardown. Secrets reach
@@ -33,11 +33,14 @@ from batch_assets.run_dates import today_in
 from batch_assets.settings import (
     ALERT_WEBHOOK_VAR,
     DATABASE_URL_VAR,
+    DEFAULT_RUN_DATE_WINDOW_DAYS,
     ENCRYPTION_KEY_VAR,
     REDIS_URL_VAR,
+    RUN_DATE_WINDOW_VAR,
     TIMEZONE_VAR,
     load_settings,
 )
+from batch_assets.settings_model import check_run_date
 
 
 class DatabaseResource(dg.ConfigurableResource):
@@ -145,13 +148,24 @@ class AlertsResource(dg.ConfigurableResource):
 
 
 class CalendarResource(dg.ConfigurableResource):
-    """The time zone of the default run date (BATCH_ASSETS_TIMEZONE): an op fixes "today" with it, once per run."""
+    """The run date's calendar: the time zone of the default run date (BATCH_ASSETS_TIMEZONE), with which an op
+    fixes "today" once per run, and how far from that day a run date may lie (BATCH_ASSETS_RUN_DATE_WINDOW_DAYS)."""
 
     timezone: str = Field(default="UTC", description="IANA time zone (EnvVar BATCH_ASSETS_TIMEZONE). Default UTC.")
+    run_date_window_days: int = Field(
+        default=DEFAULT_RUN_DATE_WINDOW_DAYS,
+        description="A run date further than this many days from today needs allow_distant_run_date "
+        f"(EnvVar BATCH_ASSETS_RUN_DATE_WINDOW_DAYS). Default {DEFAULT_RUN_DATE_WINDOW_DAYS}.",
+    )
 
     def today(self) -> date:
         """Today in the time zone; an unknown zone is a ConfigError naming BATCH_ASSETS_TIMEZONE."""
         return today_in(self.timezone)
+
+    def check_run_date(self, settings: object) -> None:
+        """A dated job's run date within this calendar's window of today (unless allow_distant_run_date): a
+        ConfigError naming run_date; settings without a run date pass."""
+        check_run_date(settings, window_days=self.run_date_window_days, timezone=self.timezone)
 
 
 class CheckpointsResource(dg.ConfigurableResource):
@@ -180,5 +194,9 @@ def default_resources() -> dict[str, Any]:
         "job_lock": JobLockResource(redis_url=_env(REDIS_URL_VAR)),
         "checkpoints": CheckpointsResource(),
         "alerts": AlertsResource(webhook=_env(ALERT_WEBHOOK_VAR)),
-        "calendar": CalendarResource(**({"timezone": _env(TIMEZONE_VAR)} if _env(TIMEZONE_VAR) else {})),
+        "calendar": CalendarResource(**{
+            **({"timezone": _env(TIMEZONE_VAR)} if _env(TIMEZONE_VAR) else {}),
+            # checked by load_settings (1..36500, ASCII digits) when the code location or the CLI starts
+            **({"run_date_window_days": dg.EnvVar.int(RUN_DATE_WINDOW_VAR)} if _env(RUN_DATE_WINDOW_VAR) else {}),
+        }),
     }

@@ -330,7 +330,7 @@ def build_sweep_job(job: SweepJob) -> JobSpec:  # noqa: C901 — the ops are clo
         except ConfigError as exc:
             raise config_failure(exc) from None
         chosen: Any = validated_plan(run_config)
-        run_date = resolve_run_date(chosen.run_date, calendar)
+        run_date = resolve_run_date(chosen, calendar)
         engine_settings = SweepSettings(**{f: getattr(chosen, f) for f in SweepSettings.model_fields})
         settings = _Plan(chosen.mode, 1 if chosen.mode == "delta" else chosen.ranges, engine_settings)
         engine, prepared = _prepared(database)

@@ -98,3 +98,23 @@ def test_a_full_run_maps_one_step_per_cursor_range(loaded: dg.Definitions, accou
         locks = conn.execute(sa.text("SELECT count(*) FROM ba_job_locks WHERE name = 'loyalty_tier' "
                                      "AND lock_until > now()")).scalar()
     assert not locks, "the run gave its lock back"
+
+
+def test_the_plan_op_holds_the_run_date_to_its_calendar_window(loaded: dg.Definitions, accounts: sa.Engine) -> None:
+    """The environment allows 36,500 days; the run's calendar resource allows 30: a run on 2025-06-01 fails in the
+    plan op naming run_date, with nothing written (the window is the calendar's, not an environment read)."""
+    from helpers import job_with_resources
+
+    from batch_assets.orchestration.resources import CalendarResource
+
+    job = job_with_resources("loyalty_tier", calendar=CalendarResource(run_date_window_days=30))
+    config = {"ops": {"loyalty_tier__plan": {"config": {"mode": "full", "run_date": "2025-06-01"}}}}
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(run_config=config, instance=instance, raise_on_error=False)
+    assert not result.success
+    failure = result.failure_data_for_node("loyalty_tier__plan")
+    assert failure is not None and "run_date" in failure.error.message
+    assert "more than 30 days from today" in failure.error.message
+    with accounts.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM accounts WHERE tier IS NOT NULL")).scalar_one() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM ba_job_locks")).scalar_one() == 0

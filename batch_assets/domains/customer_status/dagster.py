@@ -185,7 +185,7 @@ def plan_sweep(
     config = config_from_run(context.op_config)
     # A missing or malformed key stops the run here too, before any read.
     plan = validated_plan(config, encryption.cipher)
-    run_date = resolve_run_date(plan.run_date, calendar)
+    run_date = resolve_run_date(plan, calendar)
     engine = database.get_engine()
     owner = run_owner(_root_run_id(context), single_process=_in_process(context))
     try:

@@ -64,7 +64,7 @@ def expire_subscriptions(
 
     started_at = utcnow()
     plan = validated_plan(config_of(ExpiryConfig, context))  # a bad field: one line naming it, no stack trace
-    run_date = resolve_run_date(plan.run_date, calendar)
+    run_date = resolve_run_date(plan, calendar)
     engine = database.get_engine()
     mode = "retry_failed" if plan.retry_failed else "nightly"
     progress = OpProgress(context, label="subscription expiry", asset_key="subscription_status")
