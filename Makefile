@@ -18,8 +18,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/batch-assets demo
 
+# The suite runs in TEST_PROCESSES processes (pytest-xdist); --dist loadfile keeps each test file in one process,
+# so the tests of a file that share a broker database or a host namespace never overlap. Most of the suite waits on
+# the processes it starts (CLI runs, Dagster's daemon and webserver, leases expiring), so two processes on two cores
+# nearly halve it. TEST_PROCESSES=0 runs it in this process.
+TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

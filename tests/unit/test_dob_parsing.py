@@ -63,7 +63,8 @@ def test_non_ascii_plaintext_decrypts_and_is_not_a_decrypt_failure(cipher: DobCi
     assert cipher.decrypt_text(cid, latin1) == "\ufffd\ufffd"
 
 
-@pytest.mark.parametrize("blob", [b"", b"\x00" * 27, os.urandom(38), os.urandom(200)])
+@pytest.mark.parametrize("blob", [b"", b"\x00" * 27, os.urandom(38), os.urandom(200)],
+                         ids=["empty", "27 zero bytes", "38 random bytes", "200 random bytes"])
 def test_short_or_garbage_ciphertext_is_a_decrypt_error(cipher: DobCipher, blob: bytes) -> None:
     """Empty, too short or random bytes do not authenticate: DecryptError, never a plaintext."""
     with pytest.raises(DecryptError):
