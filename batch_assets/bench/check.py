@@ -267,7 +267,7 @@ def _check_cli_wall(c: Checker, startup: dict[str, Any]) -> None:
 
 def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[int],
                   ran: tuple[str, ...] = SECTIONS) -> None:
-    checks = report.get("checks") if isinstance(report.get("checks"), dict) else c.section(report, "checks")
+    checks = c.section(report, "checks")
     if "plans" in ran:
         _check_plans(c, checks)
     if "rss" in ran:

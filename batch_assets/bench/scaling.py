@@ -44,6 +44,7 @@ def size_entry(report: dict[str, Any]) -> dict[str, Any]:
     first = sweep.get(render.sweep_key("first_computation", max(report.get("workers") or [1]))) or {}
     return {
         "rows": report["rows"],
+        "status": report.get("status"),  # RUNNING: a partial.json, the run stopped before its end
         "created_at": report.get("created_at"),
         "note": (report.get("machine") or {}).get("note"),
         "seed_us_per_row": round(report["seed_s"] / report["rows"] * 1e6, 2) if report.get("seed_s") else None,
@@ -76,7 +77,8 @@ def markdown(scale: dict[str, Any]) -> str:
     """The per-row table: one row per scenario, one column per size, then the ratio of each step."""
     sizes, steps = scale["sizes"], scale["steps"]
     keys = sorted({k for s in sizes for k in s["per_row_us"]})
-    head = ["scenario (µs per row)", *[render.rows(s["rows"]) for s in sizes],
+    head = ["scenario (µs per row)",
+            *[render.rows(s["rows"]) + (" (partial)" if s.get("status") == "RUNNING" else "") for s in sizes],
             *[f"{render.rows(st['to_rows'])} ÷ {render.rows(st['from_rows'])}" for st in steps]]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
 

@@ -46,13 +46,15 @@ PERMILLE_DELTA = "delta_0_1pct_due"
 """Key prefix (+ _w<workers>) of the delta with 0.1% of the rows due (rows // 1000), run with each worker count:
 its cost should follow the due rows, not the table."""
 COMMAND = "batch-assets bench"
+PARTIAL_JSON = "partial.json"
 
 
 class Progress:
     """Numbered progress lines on stderr, with the time since the bench started."""
 
-    def __init__(self, err: Callable[[str], None], steps: int) -> None:
-        self.err, self.steps, self.step = err, steps, 0
+    def __init__(self, err: Callable[[str], None], steps: int,
+                 on_step: Callable[[str, float], None] | None = None) -> None:
+        self.err, self.steps, self.step, self.on_step, self.running = err, steps, 0, on_step, ""
         self.started = time.perf_counter()
 
     def __call__(self, message: str) -> None:
@@ -60,7 +62,30 @@ class Progress:
 
     def next(self, message: str) -> None:
         self.step += 1
+        self.running = message
+        self.keep()  # the steps before this one are done
         self(f"({self.step}/{self.steps}) {message}")
+
+    def keep(self) -> None:
+        """Hand what was measured so far to on_step (the partial report), e.g. after a long scenario."""
+        if self.on_step is not None:
+            self.on_step(self.running, time.perf_counter() - self.started)
+
+
+def partial_saver(output_dir: Path, report: dict[str, Any]) -> Callable[[str, float], None]:
+    """Keep what a long run measured so far in <output_dir>/partial.json, rewritten at each step: a 10M run takes
+    hours, and one stopped before its end keeps the scenarios it finished (status RUNNING, which the checker
+    rejects; the scaling merge marks the size as partial). A run that ends removes it."""
+    path = output_dir / PARTIAL_JSON
+
+    def save(running: str, elapsed_s: float) -> None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        snapshot = dict(report, status="RUNNING", running=running, duration_s=round(elapsed_s, 1))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(snapshot, indent=2, default=str) + "\n")
+        tmp.replace(path)
+
+    return save
 
 
 def run_bench(
@@ -76,6 +101,7 @@ def run_bench(
     options = options_from(args)
     report = measure(options, settings, err=err)
     written = render.write_outputs(report, options.output_dir, readme=options.readme)
+    (options.output_dir / PARTIAL_JSON).unlink(missing_ok=True)
     err("bench: wrote " + ", ".join(str(p) for p in written))
     emit(report)
     return EXIT_OK
@@ -114,8 +140,8 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
     key_text = generate_key_text()  # a throwaway key: bench data is synthetic
     cipher = DobCipher(decode_key(key_text))
     base_url = resolve_database_url(settings)
-    say = Progress(err, steps=_steps(options))
     report = _new_report(options, run_date)
+    say = Progress(err, steps=_steps(options), on_step=partial_saver(options.output_dir, report))
     large: dict[str, Any] | None = None
     with scratch.scratch_database(base_url, scratch.scratch_name()) as url:
         engine = create_engine(url, pool_size=12)
@@ -280,6 +306,7 @@ def _measure_product(report: dict[str, Any], options: BenchOptions, engine: sa.E
         say.next(f"product: {label}, then the same sweep again (steady state)")
         first = sweeps.measured(engine, counter, cipher, "full", run_date, workers, say=say, label=label)
         sweep[render.sweep_key("first_computation", workers)] = first
+        say.keep()
         scratch.vacuum(engine)
         mark = scratch.write_mark(engine)
         steady = sweeps.measured(engine, counter, cipher, "full", run_date, workers, say=say,
@@ -307,6 +334,7 @@ def _measure_product(report: dict[str, Any], options: BenchOptions, engine: sa.E
     cc.update(workers=workers, change="YOUNG_ADULT 18 → 21", rules=change,
               skipped_by_pre_check=cc["scanned"] - cc["decrypted"])
     sweep["config_change"] = cc
+    say.keep()
 
 
 def _add_floor_ratios(report: dict[str, Any]) -> None:
