@@ -51,3 +51,26 @@ def test_the_merge_gives_per_row_times_their_ratios_and_the_rss_per_size(tmp_pat
     assert scaling.main([*map(str, paths), "--output", str(out), "--markdown", str(tmp_path / "s.md")]) == 0
     assert json.loads(out.read_text()) == json.loads(json.dumps(scale))
     assert scaling.main([str(paths[0]), str(paths[0]), "--output", str(out)]) == 2
+
+
+def test_a_run_keeps_its_finished_scenarios_in_partial_json_and_the_merge_marks_the_size(tmp_path: Path) -> None:
+    """A long run (10M rows) rewrites <output-dir>/partial.json at each step with what it measured so far
+    (status RUNNING, never the report's own status); merged, such a size is shown as partial."""
+    from batch_assets.bench import check, suite
+
+    base = json.loads(COMMITTED.read_text())
+    report: dict[str, Any] = {**copy.deepcopy(base), "sweep": {}}
+    said: list[str] = []
+    say = suite.Progress(said.append, steps=3, on_step=suite.partial_saver(tmp_path / "out", report))
+    say.next("seeding")
+    partial = tmp_path / "out" / suite.PARTIAL_JSON
+    saved = json.loads(partial.read_text())
+    assert (saved["status"], saved["running"], saved["sweep"]) == ("RUNNING", "seeding", {})
+    report["sweep"]["full_first_computation_w4"] = base["sweep"]["full_first_computation_w4"]
+    say.keep()  # after one long sweep, before the step ends
+    saved = json.loads(partial.read_text())
+    assert list(saved["sweep"]) == ["full_first_computation_w4"] and saved["running"] == "seeding"
+    assert report["status"] == "SUCCESS" and "running" not in report and said[0].endswith("(1/3) seeding")
+    assert "report.status must be SUCCESS, got 'RUNNING'" in check.check_report(saved)
+    table = scaling.markdown(scaling.merge([saved, _at(base, 100_000, 1.0, 80.0)]))
+    assert table.splitlines()[0].startswith("| scenario (µs per row) | 100k | 1M (partial) |")
