@@ -9,9 +9,20 @@ Lock modes (why FOR KEY SHARE and not FOR SHARE): the owner's heartbeat is an
 UPDATE of non-key columns (FOR NO KEY UPDATE), which FOR SHARE would block for
 as long as any page transaction is open. With overlapping page transactions the
 heartbeat could starve and the lease expire under a healthy run. FOR KEY SHARE
-lets the heartbeat through, while a takeover or release still waits: takeover
-assigns the key column (`SET name = EXCLUDED.name`), so ON CONFLICT locks the row
-FOR UPDATE, and DELETE always does. tests/integration/test_lease.py checks both.
+lets the heartbeat through, while a takeover or release still waits: both lock
+the row FOR UPDATE (DELETE always does). tests/integration/test_lease.py checks both.
+
+Only a takeover may wait for page transactions, and only of a lease that is no
+longer live. The owner's own statements (renewal, a range joining its run's
+lease) update non-key columns only, so no page transaction can hold them up.
+A statement that locks the row FOR UPDATE holds the row's tuple lock while it
+waits, and any renewal that has to wait at all (behind another range's renewal
+of the same row) queues behind it: a range rejoining with the old upsert
+(`ON CONFLICT DO UPDATE SET name = ...`, FOR UPDATE) waited for every page of
+the other ranges and stalled their renewals (docs/DESIGN.md, "Lease renewal").
+Expiries are computed from clock_timestamp() (when the statement runs, not when
+its transaction began) and never moved backwards (greatest()), so a late
+statement cannot shorten what a sibling range's renewal just wrote.
 """
 
 from __future__ import annotations
@@ -41,28 +52,56 @@ FENCE_WITH_TIMEOUTS_SQL = with_local_timeouts(
     """
 )
 
-# :name, :owner, :ttl_s. Takes the lease if absent, expired or already ours.
-ACQUIRE_SQL = sa.text(
+# :name, :owner, :ttl_s. The owner joins (or renews) its own lease, live or expired but not taken: non-key
+# columns only (FOR NO KEY UPDATE), so it never waits for a page transaction's fence.
+JOIN_SQL = sa.text(
     """
-    INSERT INTO ba_leases AS l (name, owner, acquired_at, heartbeat_at, expires_at)
-    VALUES (:name, :owner, now(), now(), now() + make_interval(secs => :ttl_s))
-    ON CONFLICT (name) DO UPDATE
-       SET name = EXCLUDED.name,
-           owner = EXCLUDED.owner,
-           acquired_at = CASE WHEN l.owner = EXCLUDED.owner THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
-           heartbeat_at = EXCLUDED.heartbeat_at,
-           expires_at = EXCLUDED.expires_at
-     WHERE l.owner = EXCLUDED.owner OR l.expires_at <= now()
+    UPDATE ba_leases
+       SET heartbeat_at = clock_timestamp(),
+           expires_at = greatest(expires_at, clock_timestamp() + make_interval(secs => :ttl_s))
+     WHERE name = :name AND owner = :owner
+    RETURNING owner
+    """
+).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
+
+# :name, :owner, :ttl_s. Creates an absent lease; a present one is left alone (no lock taken).
+CREATE_SQL = sa.text(
+    """
+    INSERT INTO ba_leases (name, owner, acquired_at, heartbeat_at, expires_at)
+    VALUES (:name, :owner, clock_timestamp(), clock_timestamp(), clock_timestamp() + make_interval(secs => :ttl_s))
+    ON CONFLICT (name) DO NOTHING
+    RETURNING owner
+    """
+).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
+
+# :name, :owner, :ttl_s. Takeover of an expired lease of another owner. The row is locked FOR UPDATE only when
+# it is expired (a live lease is not locked at all, so a run that is refused never holds the owner's renewals
+# up); the lock waits for any page transaction that still fences the old owner's lease, and the expiry is
+# checked again on the row as it is once the lock is granted.
+TAKE_OVER_EXPIRED_SQL = sa.text(
+    """
+    WITH expired AS (
+        SELECT name FROM ba_leases
+         WHERE name = :name AND owner <> :owner AND expires_at <= clock_timestamp()
+           FOR UPDATE
+    )
+    UPDATE ba_leases AS l
+       SET owner = :owner, acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+           expires_at = clock_timestamp() + make_interval(secs => :ttl_s)
+      FROM expired
+     WHERE l.name = expired.name
     RETURNING l.owner
     """
 ).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
 
-# :name, :owner, :ttl_s. Owner-filtered renewal; no row back means the lease is gone.
+# :name, :owner, :ttl_s. Owner-filtered renewal; no row back means the lease is gone. Non-key columns only (never
+# blocked by a page's FOR KEY SHARE fence); clock_timestamp(), not now(), and never backwards (see the header).
 HEARTBEAT_SQL = sa.text(
     """
     UPDATE ba_leases
-       SET heartbeat_at = now(), expires_at = now() + make_interval(secs => :ttl_s)
-     WHERE name = :name AND owner = :owner AND expires_at > now()
+       SET heartbeat_at = clock_timestamp(),
+           expires_at = greatest(expires_at, clock_timestamp() + make_interval(secs => :ttl_s))
+     WHERE name = :name AND owner = :owner AND expires_at > clock_timestamp()
     RETURNING owner
     """
 ).bindparams(sa.bindparam("ttl_s", type_=sa.Float))
@@ -87,8 +126,8 @@ TAKE_OVER_DEAD_SQL = sa.text(
     """
     WITH dead AS (SELECT name FROM ba_leases WHERE name = :name AND owner = :dead FOR UPDATE)
     UPDATE ba_leases AS l
-       SET owner = :owner, acquired_at = now(), heartbeat_at = now(),
-           expires_at = now() + make_interval(secs => :ttl_s)
+       SET owner = :owner, acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+           expires_at = clock_timestamp() + make_interval(secs => :ttl_s)
       FROM dead
      WHERE l.name = dead.name AND l.owner = :dead
     RETURNING l.owner
@@ -103,7 +142,7 @@ STEAL_SQL = sa.text(
     """
     WITH prev AS (SELECT owner FROM ba_leases WHERE name = :name)
     INSERT INTO ba_leases AS l (name, owner, acquired_at, heartbeat_at, expires_at)
-    VALUES (:name, :owner, now(), now(), now() + make_interval(secs => :ttl_s))
+    VALUES (:name, :owner, clock_timestamp(), clock_timestamp(), clock_timestamp() + make_interval(secs => :ttl_s))
     ON CONFLICT (name) DO UPDATE
        SET name = EXCLUDED.name, owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at,
            heartbeat_at = EXCLUDED.heartbeat_at, expires_at = EXCLUDED.expires_at
@@ -128,15 +167,20 @@ class Lease:
 
     def acquire(self) -> bool:
         """Take the lease if it is absent, expired, already ours or held by a provably dead process;
-        False if another live owner holds it."""
+        False if another live owner holds it.
+
+        Joining our own lease and refusing a live one take no lock a page transaction holds, so neither
+        waits for page writes; only a takeover (expired, or a dead holder) waits for the old owner's pages."""
+        params = self._params()
         with translate_errors(self.engine), self.engine.begin() as conn:
-            if conn.execute(ACQUIRE_SQL, self._params()).first() is not None:
-                return True
+            for statement in (JOIN_SQL, CREATE_SQL, TAKE_OVER_EXPIRED_SQL):
+                if conn.execute(statement, params).first() is not None:
+                    return True
         holder = lease_owner(self.engine, self.name)
         if not provably_dead(holder):
             return False
         with translate_errors(self.engine), self.engine.begin() as conn:
-            taken = conn.execute(TAKE_OVER_DEAD_SQL, {**self._params(), "dead": holder}).first() is not None
+            taken = conn.execute(TAKE_OVER_DEAD_SQL, {**params, "dead": holder}).first() is not None
         if taken:
             log.warning("lease %r: holder %s is gone (same host, process ended); taken over by %s",
                         self.name, holder, self.owner)
