@@ -19,6 +19,11 @@ SET_LOCAL_TIMEOUTS = sa.text(
 )
 
 
+# SESSION_TIMEOUTS_SQL — both timeouts for the rest of the session (a dedicated connection, db.engine.dedicated_engine),
+# on the driver's cursor: positional %s parameters, statement_timeout then lock_timeout (local_timeouts' texts).
+SESSION_TIMEOUTS_SQL = "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)"
+
+
 def with_local_timeouts(columns: str) -> sa.TextClause:
     """SET_LOCAL_TIMEOUTS that also returns `columns`: a transaction preamble in one round trip.
 

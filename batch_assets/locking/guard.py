@@ -5,26 +5,39 @@ before anything is read or written. The lease comes second: it is what page
 transactions fence on, so correctness never depends on the lock alone (that is
 what makes lock_fail_open safe). Cleanup is in `finally`, so it also runs for a
 BaseException such as Dagster's run termination.
+
+Renewals (`renewing`) run on a connection of their own, beside the run's pool
+(db.engine.dedicated_engine): a renewal never waits for a pool connection that
+page work holds, is one autocommit statement (it holds the row lock only while
+it runs), and has a short statement and lock timeout, so a renewal that would
+wait is cancelled and retried within the grace instead of arriving late. A run
+whose renewals fall behind by the grace is no longer `alive()` even while a
+renewal is still on its way, and its next page fence raises LeaseLost.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
 import sqlalchemy as sa
 
+from batch_assets.db.engine import dedicated_engine
 from batch_assets.errors import ConfigError, LeaseLost, LockNotAcquired, LockStoreUnavailable
 from batch_assets.locking.heartbeat import Beat, Heartbeat
 from batch_assets.locking.lease import Lease, lease_owner, steal_lease
-from batch_assets.locking.lock import JobLock, make_job_lock
+from batch_assets.locking.lock import JobLock, PostgresJobLock, make_job_lock
 from batch_assets.locking.owner import make_owner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GuardSettings", "RunGuard", "job_guard", "steal_lease"]
+__all__ = ["GuardSettings", "RunGuard", "job_guard", "renewing", "steal_lease"]
+
+RENEWAL_TIMEOUT_S = 5.0
+"""statement_timeout of one renewal (at most half a heartbeat; its lock_timeout is half that): it normally takes
+milliseconds, so one that waits is cancelled and retried (Heartbeat's grace) rather than arriving late."""
 
 
 class GuardSettings(Protocol):
@@ -67,11 +80,14 @@ class RunGuard:
         self.lease.fence(conn, timeouts)
 
     def alive(self) -> bool:
-        """False once the heartbeat failed to renew the lease or the lock."""
-        return not self.heartbeat.lost.is_set()
+        """False once the heartbeat failed to renew the lease or the lock, or fell behind by its grace (the lease
+        would lapse within two heartbeats)."""
+        return not self.heartbeat.lost.is_set() and not self.heartbeat.overdue
 
     @property
     def lost_reason(self) -> str | None:
+        if self.heartbeat.lost_reason is None and self.heartbeat.overdue:
+            return f"not renewed for {self.heartbeat.grace_s:.0f} s (renewals late or failing)"
         return self.heartbeat.lost_reason
 
     @property
@@ -95,6 +111,84 @@ def heartbeat_grace(settings: GuardSettings, lock_held: bool = True) -> float:
     short of the earliest expiry, so the run stops writing before its lease or lock could lapse."""
     ttl = min(settings.lease_ttl_s, settings.lock_ttl_s) if lock_held else settings.lease_ttl_s
     return max(0.0, ttl - 2 * settings.heartbeat_s)
+
+
+def renewal_timeout(settings: GuardSettings) -> float:
+    """statement_timeout of a renewal: RENEWAL_TIMEOUT_S, at most half a heartbeat."""
+    return min(RENEWAL_TIMEOUT_S, settings.heartbeat_s / 2)
+
+
+@contextmanager
+def renewing(
+    engine: sa.Engine,
+    lock: JobLock | None,
+    *,
+    job_key: str,
+    owner: str,
+    settings: GuardSettings,
+    on_lost: Callable[[str], None] | None = None,
+) -> Iterator[Heartbeat]:
+    """The running heartbeat of lease `job_key` (and of `lock`, when held) for the block, on a dedicated connection.
+
+    A PostgreSQL lock on the run's engine is renewed on the same dedicated connection; Redis on its own client."""
+    timeout = renewal_timeout(settings)
+    renewals = dedicated_engine(engine, statement_s=timeout, lock_s=timeout / 2)
+    lock_renewals = _DedicatedLock(lock, engine, renewals, timeout) if isinstance(lock, PostgresJobLock) else lock
+    heartbeat: Heartbeat | None = None
+    try:
+        beats: Sequence[Beat] = [Lease(renewals, job_key, owner, settings.lease_ttl_s).heartbeat]
+        if lock_renewals is not None:
+            beats = [*beats, lock_beat(lock_renewals, job_key, owner, settings)]
+        heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}",
+                              grace_s=heartbeat_grace(settings, lock is not None)).start()
+        yield heartbeat
+    finally:
+        if heartbeat is not None:
+            # Bounded: a renewal in flight ends within its statement timeout; a thread cut off from the server
+            # (a daemon) must not hold the release up, and its late renewal finds the lease released.
+            heartbeat.stop(timeout=2 * timeout + 1)
+        if isinstance(lock_renewals, _DedicatedLock):
+            lock_renewals.close()
+        renewals.dispose()
+
+
+class _DedicatedLock:
+    """A PostgreSQL job lock whose renewals (extend, and lock_fail_open's retake) run on a dedicated connection
+    beside the lock's engine: the lease's when that is the run's engine, else one of its own (made again when the
+    lock is pointed at another engine). Holder and release go to the lock itself."""
+
+    def __init__(self, lock: PostgresJobLock, run_engine: sa.Engine, renewals: sa.Engine, timeout_s: float) -> None:
+        self.lock = lock
+        self.run_engine = run_engine
+        self.renewals = renewals
+        self.timeout_s = timeout_s
+        self._own: tuple[sa.Engine, sa.Engine] | None = None  # (the lock's engine, its dedicated engine)
+
+    def _renewing(self) -> PostgresJobLock:
+        engine = self.lock.engine
+        if engine is self.run_engine:
+            return PostgresJobLock(self.renewals)
+        if self._own is None or self._own[0] is not engine:
+            self.close()
+            self._own = (engine, dedicated_engine(engine, statement_s=self.timeout_s, lock_s=self.timeout_s / 2))
+        return PostgresJobLock(self._own[1])
+
+    def acquire(self, name: str, owner: str, ttl_s: float, min_s: float = 0) -> bool:
+        return self._renewing().acquire(name, owner, ttl_s, min_s)
+
+    def extend(self, name: str, owner: str, ttl_s: float) -> bool:
+        return self._renewing().extend(name, owner, ttl_s)
+
+    def release(self, name: str, owner: str, *, failed: bool = False) -> bool:
+        return self.lock.release(name, owner, failed=failed)
+
+    def holder(self, name: str) -> str | None:
+        return self.lock.holder(name)
+
+    def close(self) -> None:
+        own, self._own = self._own, None
+        if own is not None:
+            own[1].dispose()
 
 
 def lock_beat(lock: JobLock, job_key: str, owner: str, settings: GuardSettings) -> Beat:
@@ -139,7 +233,6 @@ def job_guard(
     job_lock = make_job_lock(engine, redis_url) if lock is None else lock
     lock_held = False
     lease: Lease | None = None
-    heartbeat: Heartbeat | None = None
     guard: RunGuard | None = None
     failed = False
     try:
@@ -159,19 +252,14 @@ def job_guard(
             lease = None
             raise LockNotAcquired(f"job {job_key!r} lease is held by {held_by}")
 
-        beats: list[Beat] = [lease.heartbeat]
-        if lock_held:
-            beats.append(lock_beat(job_lock, job_key, owner, settings))
-        heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}",
-                              grace_s=heartbeat_grace(settings, lock_held)).start()
-        guard = RunGuard(job_key, owner, lease, heartbeat, lock_held)
-        yield guard
+        with renewing(engine, job_lock if lock_held else None, job_key=job_key, owner=owner, settings=settings,
+                      on_lost=on_lost) as heartbeat:
+            guard = RunGuard(job_key, owner, lease, heartbeat, lock_held)
+            yield guard
     except BaseException:
         failed = True
         raise
     finally:
-        if heartbeat is not None:
-            heartbeat.stop()
         release_lease_and_lock(job_key, owner, lease, job_lock if lock_held else None,
                                failed=failed or (guard is not None and guard.failed))
         if own_lock:

@@ -8,7 +8,14 @@ restarting server) is fatal too, unless `grace_s` is set: then the beat is
 retried every second while less than `grace_s` has passed since the last
 successful round, a margin the caller sets below the lease's and lock's TTLs, so
 a brief outage never costs the lease and the run never holds on past an expiry.
-Renewals happen on the thread's own short transactions.
+
+Rounds are due `interval_s` after the start of the last successful one, not after
+its end, so a slow renewal does not stretch the cadence. With `grace_s` set the
+run also notices a renewal that is late rather than failed: `overdue` is True
+once `grace_s` passed since the start of the last successful round (the store
+renewed no later than that start plus the TTL), even while a renewal is still
+waiting, so the run stops writing before its lease could lapse (RunGuard.alive).
+Renewals run on their own connection (locking.guard), never a page's.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
+
+from batch_assets.errors import error_text
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,8 @@ class Heartbeat:
         self.lost_reason: str | None = None
         self.beats_done = 0
         self.grace_s = max(0.0, float(grace_s))
+        self.last_ok = time.monotonic()
+        """monotonic start of the last round in which every beat renewed (the start: the store renewed after it)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -68,16 +79,23 @@ class Heartbeat:
     def running(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def overdue(self) -> bool:
+        """True once `grace_s` (when set) passed since the start of the last successful round."""
+        return self.grace_s > 0 and time.monotonic() - self.last_ok >= self.grace_s
+
     def _run(self) -> None:
-        last_ok = time.monotonic()
         wait = self.interval_s
         while not self._stop.wait(wait):
+            started = time.monotonic()
             reason, raised = self._beat_once()
             if reason is None:
-                last_ok, wait = time.monotonic(), self.interval_s
+                self.last_ok = started
                 self.beats_done += 1
+                # Due one interval after this round's start: a slow round does not delay the next one.
+                wait = max(0.0, started + self.interval_s - time.monotonic())
                 continue
-            left = self.grace_s - (time.monotonic() - last_ok)
+            left = self.grace_s - (time.monotonic() - self.last_ok)
             if not raised or left <= 0:
                 self._lose(reason)
                 return
@@ -90,7 +108,7 @@ class Heartbeat:
             try:
                 ok = beat()
             except Exception as exc:  # the store did not answer: a loss unless within the grace period
-                return f"{_beat_name(beat)} raised {type(exc).__name__}: {exc}", True
+                return f"{_beat_name(beat)} raised {error_text(exc)}", True  # one line, never the parameters
             if not ok:
                 return f"{_beat_name(beat)} returned False", False
         return None, False

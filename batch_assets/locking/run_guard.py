@@ -23,12 +23,10 @@ from batch_assets.errors import LockNotAcquired, LockStoreUnavailable
 from batch_assets.locking.guard import (
     GuardSettings,
     RunGuard,
-    heartbeat_grace,
     holder_text,
-    lock_beat,
     release_lease_and_lock,
+    renewing,
 )
-from batch_assets.locking.heartbeat import Heartbeat
 from batch_assets.locking.lease import Lease, lease_owner
 from batch_assets.locking.lock import JobLock
 from batch_assets.locking.owner import make_owner, run_level_owner
@@ -116,11 +114,5 @@ def joined_guard(
     """Join the run's lock and lease for one range op and heartbeat both; nothing is released on exit."""
     acquire_run_lock(engine, lock, job_key=job_key, owner=owner, settings=settings)
     lease = Lease(engine, job_key, owner, settings.lease_ttl_s)
-
-    beats = [lease.heartbeat, lock_beat(lock, job_key, owner, settings)]
-    heartbeat = Heartbeat(settings.heartbeat_s, beats, name=f"heartbeat-{job_key}",
-                          grace_s=heartbeat_grace(settings)).start()
-    try:
+    with renewing(engine, lock, job_key=job_key, owner=owner, settings=settings) as heartbeat:
         yield RunGuard(job_key, owner, lease, heartbeat, True)
-    finally:
-        heartbeat.stop()
