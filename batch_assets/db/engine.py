@@ -17,6 +17,7 @@ from psycopg.rows import TupleRow
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import PoolProxiedConnection
 
+from batch_assets.db.timeouts import SESSION_TIMEOUTS_SQL, local_timeouts
 from batch_assets.errors import ConfigError, DatabaseUnavailable, cause_line
 from batch_assets.settings import DATABASE_URL_VAR, Settings
 
@@ -27,6 +28,19 @@ RUN_APPLICATION_PREFIX = "batch_assets run "
 """`application_name` of a run's connections: this prefix and the run id, so the backends one run holds can be
 counted (`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'batch_assets run <run id>'`)."""
 DEFAULT_MAX_OVERFLOW = 2
+
+# A dead client must not hold its locks for ever (a page transaction's lease fence blocks the takeover until it
+# ends). Sent by every connection of the product's engines in its startup packet (`options`, no round trip):
+IDLE_IN_TRANSACTION_TIMEOUT_S = 120
+"""The server ends a session idle inside a transaction this long (SQLSTATE 25P03, transient: the work is retried on a
+fresh connection). Far above any pause between the statements of one of the product's transactions (they are sent
+back to back; compute happens outside them), far below the lock-at-most-for of a job (120 s) plus its lease."""
+SERVER_KEEPALIVE_S = (30, 10, 3)
+"""Server-side TCP keepalives (tcp_keepalives_idle, _interval, _count): a client host that vanished (power off, a
+cut network: no FIN, no RST) is found out after 30 + 3 x 10 = 60 s of silence, its session ended and its locks freed."""
+CLIENT_KEEPALIVE_S = (30, 10, 3)
+"""libpq keepalives (keepalives_idle, _interval, _count): a client blocked on a server that vanished gets an error
+after about 60 s instead of the kernel's two hours."""
 
 _engines: dict[tuple[str, int], sa.Engine] = {}
 _engines_lock = threading.Lock()
@@ -76,14 +90,46 @@ def create_engine(
     max_overflow: int = DEFAULT_MAX_OVERFLOW,
     application_name: str = APPLICATION_NAME,
 ) -> sa.Engine:
-    """A new engine; prefer `get_engine` so a process holds one per URL."""
+    """A new engine; prefer `get_engine` so a process holds one per URL. Its connections carry the idle-in-transaction
+    timeout and TCP keepalives above."""
     return sa.create_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=True,
-        connect_args={"connect_timeout": 10, "application_name": application_name},
+        connect_args={"connect_timeout": 10, "application_name": application_name, **_session_args(url)},
     )
+
+
+def _session_args(url: str) -> dict[str, object]:
+    """libpq keepalives and the server-side session settings; `options` given in the URL are kept, ours appended."""
+    idle, interval, count = CLIENT_KEEPALIVE_S
+    s_idle, s_interval, s_count = SERVER_KEEPALIVE_S
+    ours = (f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_S * 1000} "
+            f"-c tcp_keepalives_idle={s_idle} -c tcp_keepalives_interval={s_interval} "
+            f"-c tcp_keepalives_count={s_count}")
+    given = make_url(url).query.get("options")
+    options = " ".join([*([given] if isinstance(given, str) else list(given or ())), ours])
+    return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": interval, "keepalives_count": count,
+            "options": options}
+
+
+def dedicated_engine(engine: sa.Engine, *, statement_s: float, lock_s: float) -> sa.Engine:
+    """An engine beside `engine` with a pool of its own (same server, database and connect arguments), in autocommit,
+    with a session statement_timeout and lock_timeout: for work that must never wait for a connection the pool's
+    users hold, nor hold a row lock between two round trips (a lease renewal is one autocommit statement), nor wait
+    for a lock longer than `lock_s`. The caller uses one connection at a time and disposes it."""
+    dedicated = sa.create_engine(engine.url, pool=engine.pool.recreate(), isolation_level="AUTOCOMMIT")
+    timeouts = local_timeouts(statement_s, lock_s)
+
+    @sa.event.listens_for(dedicated, "connect")
+    def _set_timeouts(dbapi_connection: psycopg.Connection[TupleRow], _record: object) -> None:
+        with dbapi_connection.cursor() as cur:
+            cur.execute(SESSION_TIMEOUTS_SQL, (timeouts["statement_timeout"], timeouts["lock_timeout"]))
+        if not dbapi_connection.autocommit:
+            dbapi_connection.commit()  # a session setting made in a transaction that is rolled back is undone
+
+    return dedicated
 
 
 def get_engine(url: str, *, pool_size: int = DEFAULT_POOL_SIZE) -> sa.Engine:
