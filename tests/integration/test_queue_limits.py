@@ -224,3 +224,36 @@ def test_a_gate_that_cannot_work_stops_the_worker_and_gives_every_row_back(engin
     with engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT status, attempts FROM payments")).all()
     assert {(r.status, r.attempts) for r in rows} == {("NEW", 0)}
+
+
+def test_a_claim_takes_a_rate_slot_for_each_row_it_claims(db_url: str, engine: sa.Engine) -> None:
+    """The claim of a rate-limited queue reserves its rows' call slots in its own statement, so a limit that
+    does not bind costs no statement of the limiter's: one slot per row claimed (at most a tenth of a second
+    of the rate), due now; the slot is then taken without waiting; a claim of nothing takes no slot."""
+    import psycopg
+
+    from batch_assets.domains.payments import queue
+    from batch_assets.domains.payments.store import PAYMENTS
+    from batch_assets.domains.queue.claims import new_token
+
+    queue.enqueue(engine, 30, seed=71)
+
+    async def scenario(sides: list[SideConnection]) -> tuple[list[int], int, bool, int, int]:
+        limiter = RateLimiter(sides[0], "payments", 1000.0, lanes=4)  # at most 100 slots per claim
+        async with await psycopg.AsyncConnection.connect(_conninfo(db_url), autocommit=True) as conn:
+            cur = await PAYMENTS.send_claim(conn, 50, 30, new_token(), limiter.claim_slots())
+            rows = await cur.fetchall()
+            limiter.granted(rows[0][-2], rows[0][-1])
+            taken_now = limiter.take_now()
+            cur = await PAYMENTS.send_claim(conn, 50, 30, new_token(), limiter.claim_slots())
+            nothing = len(await cur.fetchall())
+        return [int(r[-2]) for r in rows], len(rows), taken_now, nothing, limiter.stats.statements
+
+    granted, claimed, taken_now, nothing, statements = asyncio.run(_with_sides(db_url, 1, scenario))
+    assert claimed == 30 and set(granted) == {30}  # every row carries the run's size: one slot per row
+    assert taken_now  # the first slot is due now: no wait, no statement
+    assert nothing == 0 and statements == 0
+    with engine.connect() as conn:
+        ahead = conn.execute(sa.text("SELECT extract(epoch FROM next_slot - updated_at)::float8 FROM ba_queue_rate"
+                                     " WHERE queue = 'payments'")).scalar()
+    assert ahead == pytest.approx(30 / 1000.0, abs=1e-6)  # the next free slot moved past exactly 30 slots

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Generator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 from batch_assets.domains.queue.batch import AdaptiveBatch
 from batch_assets.domains.queue.breaker import Breaker
@@ -29,6 +30,37 @@ Refusal = Callable[[Claim], Outcome | None]
 """A queue's own rule for a row FAILED without a call (its data), e.g. the payments' amount bounds."""
 
 
+class _Resumed:
+    """Awaits the rest of a coroutine that already ran up to its first wait (`step`, what it yielded).
+
+    What `await` does after a coroutine's first step: every later wake-up (`send`) and every exception
+    thrown into the awaiting task (a timeout's or a stop's cancellation) is passed on to it, so a call
+    that waits behaves as if it had been awaited from its start. A call that never waits (a no-op
+    plug-in) thus returns from its first step without a timer being armed and cancelled for it.
+    """
+
+    __slots__ = ("call", "step")
+
+    def __init__(self, call: Coroutine[Any, Any, Outcome], step: Any) -> None:
+        self.call, self.step = call, step
+
+    def __await__(self) -> Generator[Any, None, Outcome]:
+        call, step = self.call, self.step
+        while True:
+            try:
+                yield step
+            except BaseException as exc:  # thrown into the awaiting task: the coroutine's to handle
+                try:
+                    step = call.throw(exc)
+                except StopIteration as finished:
+                    return cast(Outcome, finished.value)
+            else:
+                try:
+                    step = call.send(None)
+                except StopIteration as finished:
+                    return cast(Outcome, finished.value)
+
+
 def _no_handle(claim: Claim) -> Outcome:
     # A handler with neither entry point: each call fails like any handler bug (retried, counted).
     raise AttributeError("the handler has neither handle_async nor handle")
@@ -42,20 +74,22 @@ class Executor:
         self.gate = gate  # the shared limits and the claim renewal (gate.py)
         self.gated: set[asyncio.Task[None] | None] = set()  # lanes waiting for an in-flight or rate slot
         self.failures: list[BaseException] = []  # errors of the gate that are not transient (side.py retries those)
-        if gate is not None:
-            completer.holdings = gate.holdings  # a claim is renewed from take() until the completer wrote it
         self.signals = signals
         self.completer = completer
         self.breaker = breaker
         self.batch = batch
         self.refuse = refuse
         self.pending: asyncio.Queue[Claim | None] = asyncio.Queue()
+        if gate is not None:
+            completer.holdings = gate.holdings  # a claim is renewed from take() until the completer wrote it
+            if gate.rate is not None:
+                gate.rate.backlog = self.pending.qsize  # rate slots are asked for by the rows held, not per call
         self.batches: deque[list[float]] = deque()  # [claimed_at, rows not yet taken] per claim, FIFO
         self.running = 0
         self.since_yield = 0
         self.pool: ThreadPoolExecutor | None = None
         # Chosen once per run: the awaited entry point, else the one run on `pool`.
-        self.handle_async: Callable[[Claim], Awaitable[Outcome]] | None = None
+        self.handle_async: Callable[[Claim], Coroutine[Any, Any, Outcome]] | None = None
         self.handle_sync: Callable[[Claim], Outcome] = _no_handle
         if isinstance(handler, AsyncHandler):
             self.handle_async = handler.handle_async
@@ -64,6 +98,7 @@ class Executor:
                 self.handle_sync = handler.handle
             self.pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="queue")
         self.lanes: list[asyncio.Task[None]] = []
+        self.timeout_s = settings.http_timeout_s + 1
 
     @property
     def held(self) -> int:
@@ -140,8 +175,8 @@ class Executor:
             self.batches[0][1] -= 1
             if self.batches[0][1] <= 0:
                 self.batches.popleft()
-        if self.pending.qsize() <= self.batch.size // 2:
-            self.signals.kick.set()  # room for the next claim
+        if self.pending.qsize() <= self.batch.size:
+            self.signals.kick.set()  # room for the next claim (worker._wanted)
 
     def refusal(self, claim: Claim) -> Outcome | None:
         """A claimed row that is FAILED without a call, or None: it gets its call.
@@ -161,7 +196,7 @@ class Executor:
     async def call(self, claim: Claim) -> Outcome:
         """The handler call, once the gate (in-flight slot, rate slot) let it through: waiting is not calling."""
         gate = self.gate
-        if gate is None or not gate.limited:
+        if gate is None or not gate.limited or gate.enter_now():  # no limit, or a rate slot due now: no wait
             return await self._timed_call(claim)
         lane = asyncio.current_task()
         self.gated.add(lane)  # waiting at the gate: a stop cancels it at once (the row goes back, never called)
@@ -175,12 +210,19 @@ class Executor:
             gate.leave(slot)
 
     async def _timed_call(self, claim: Claim) -> Outcome:
-        timeout_s = self.settings.http_timeout_s + 1
+        timeout_s = self.timeout_s
         try:
             # One second over the handler's own timeout: a plug-in that hangs must not hold its lane.
+            if self.handle_async is not None:
+                call = self.handle_async(claim)
+                try:
+                    step = call.send(None)  # run up to its first wait, as awaiting it would
+                except StopIteration as finished:
+                    return cast(Outcome, finished.value)  # it never waited: nothing to time out
+                # It waits (I/O): the rest of the call runs under the timeout, a timer only for such calls.
+                async with asyncio.timeout(timeout_s):
+                    return await _Resumed(call, step)
             async with asyncio.timeout(timeout_s):
-                if self.handle_async is not None:
-                    return await self.handle_async(claim)
                 return await asyncio.get_running_loop().run_in_executor(self.pool, self.handle_sync, claim)
         except TimeoutError:
             return Outcome.retry("timeout", f"handler took longer than {timeout_s:g}s")

@@ -50,6 +50,10 @@ class CallGate:
         """Whether a call waits at the gate at all (a queue with neither limit only renews its claims)."""
         return self.rate is not None or self.slots is not None
 
+    def enter_now(self) -> bool:
+        """True when a call may start at once: a rate limit only (no in-flight cap), with a slot due now taken."""
+        return self.slots is None and self.rate is not None and self.rate.take_now()
+
     async def enter(self) -> int | None:
         """Before one handler call: an in-flight slot (its number, or None without a cap), then a rate slot.
 

@@ -47,7 +47,7 @@ class Outcome:
 
     @classmethod
     def done(cls) -> Outcome:
-        return cls(OutcomeKind.DONE)
+        return _DONE  # immutable: one object for every DONE (a handler returns it once per row)
 
     @classmethod
     def retry(cls, error_type: str, error: str, delay_s: float | None = None) -> Outcome:
@@ -56,6 +56,9 @@ class Outcome:
     @classmethod
     def permanent(cls, error_type: str, error: str) -> Outcome:
         return cls(OutcomeKind.PERMANENT, error, error_type)
+
+
+_DONE = Outcome(OutcomeKind.DONE)
 
 
 class Handler(Protocol):

@@ -53,21 +53,31 @@ class LivenessStats:
 
 
 class Holdings:
-    """The claims a worker holds, as (key, token): from its claim until its result is written."""
+    """The claims a worker holds, key → token: from its claim until its result is written.
+
+    One token per key: a row is PROCESSING under one claim at a time, so when a worker claims a row
+    again (its earlier claim lapsed) the newer token replaces the older one, and the older claim's
+    result, written or fenced off, no longer drops the newer hold.
+    """
 
     def __init__(self) -> None:
-        self._held: dict[tuple[Any, uuid.UUID], None] = {}
+        self._held: dict[Any, uuid.UUID] = {}
 
     def hold(self, claims: Iterable[HeldClaim]) -> None:
+        held = self._held
         for claim in claims:
-            self._held[(claim.id, claim.token)] = None
+            held[claim.id] = claim.token
 
     def drop(self, claims: Iterable[HeldClaim]) -> None:
+        held = self._held
         for claim in claims:
-            self._held.pop((claim.id, claim.token), None)
+            token = held.get(claim.id)
+            # One claim statement's rows share one token object: `is` spares the comparison per row.
+            if token is not None and (token is claim.token or token == claim.token):
+                del held[claim.id]
 
     def snapshot(self) -> list[tuple[Any, uuid.UUID]]:
-        return list(self._held)
+        return list(self._held.items())
 
     def __len__(self) -> int:
         return len(self._held)
@@ -75,7 +85,7 @@ class Holdings:
 
 class ClaimRenewer:
     """Renews the lease of the claims in `holdings` on the side connection, with the queue's `renew` statement
-    (`statements.Statements.renew`: %(keys)s, %(tokens)s, %(lease_s)s; returns the keys renewed)."""
+    (`statements.Statements.renew`: %(keys)b, %(tokens)b, %(lease_s)s; returns the keys renewed)."""
 
     def __init__(self, side: SideConnection, statement: str, holdings: Holdings) -> None:
         self.side = side

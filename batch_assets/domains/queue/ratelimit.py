@@ -8,12 +8,17 @@ workers make them, over any window the calls number at most rate x window + 1, a
 saves up no burst. Slots are handed out at most `horizon_s` ahead of now, so one worker cannot
 reserve a long stretch the others then wait behind.
 
-In a worker, each lane awaits `acquire()` before its call. The lanes' requests are batched: one
-statement asks for as many slots as lanes wait, or for a tenth of a second's worth (`PREFETCH_S`, at
-most one per lane) when that is more, and the next one goes out when half of those are used (read
-ahead). When none fit within the horizon the server answers when they will, and the worker sleeps
-until then (no spinning). A slot no lane took within `STALE_S` of its time is dropped, not used
-late, so late calls never bunch up: over any window of w seconds the calls number at most
+In a worker, slots come in runs, not per call. While the limit does not bind, the claim that takes
+rows also takes a slot for each of them in the same statement (`Statements.claim_with_slots`, at
+most a tenth of a second of the rate, `PREFETCH_S`), so such a limit costs no round trip of its own. Each lane then
+takes a slot that is due without waiting (`take_now`: no coroutine, no statement), else it awaits
+`acquire()`, which asks on the side connection for as many slots as lanes wait and rows wait for a
+lane (`backlog`), as far as this worker can use them before they go stale at its recent pace, at
+most a tenth of a second of the rate and at least a tenth of a second's worth (at most one per
+lane); the next run goes out when half of the last one is used (read ahead). When none fit within
+the horizon the server answers when they will, and the worker sleeps until then (no spinning). A
+slot no lane took within `STALE_S` of its time is dropped, not used late, so late calls never bunch
+up: over any window of w seconds the calls number at most
 rate x (w + STALE_S) + 1. Times are the server's (`clock_timestamp()`), so the hosts' clocks need
 not agree.
 """
@@ -23,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from batch_assets.domains.queue.side import SideConnection
 from batch_assets.errors import ConfigError
@@ -82,11 +89,68 @@ class RateLimiter:
         # share the limit do not each fetch one slot per statement.
         self.min_grant = max(1, math.floor(self.horizon_s * self.rate / 4))
         self.prefetch = max(1, min(int(lanes), math.floor(self.rate * PREFETCH_S)))
+        self.most = max(self.prefetch, math.floor(self.rate * PREFETCH_S))  # slots asked for at most per statement
+        self.backlog: Callable[[], int] = lambda: 0  # rows claimed, not yet at the gate (the executor's queue)
         self.slots: deque[float] = deque()  # event-loop times of granted slots, in order
         self.waiting = 0
+        self.low = max(self.prefetch // 2, 1)  # read ahead below this many slots (half of the last run)
+        self.used = 0  # slots taken by calls
+        self.paced_at: tuple[float, int] | None = None  # (time, used) at the last statement: the pace since
+        self.binding = False  # the last run of slots started later than now (claim_slots)
         self.stats = RateStats()
         self._taking = asyncio.Lock()
         self._refill: asyncio.Task[None] | None = None
+
+    def claim_slots(self) -> dict[str, Any] | None:
+        """The parameters of a claim that takes call slots for its rows (`Statements.claim_with_slots`): as many
+        as rows claimed, at most a tenth of a second of the rate, none past the horizon; `granted` adds them.
+
+        None while the limit binds (the last run started later than now, or none fitted): claimed rows may
+        then wait behind others for their turn, and a slot taken with them would go stale unused, a loss
+        of the shared rate; the lanes ask as they come (`acquire`)."""
+        if self.binding:
+            return None
+        return {"queue": self.queue, "most": self.most, "rate": self.rate, "horizon_s": self.horizon_s}
+
+    def granted(self, granted: int, first_in_s: float) -> None:
+        """Slots a claim reserved: `granted` of them from `first_in_s` after now, 1/rate apart."""
+        if granted > 0:
+            self._add(int(granted), float(first_in_s))
+
+    def _add(self, granted: int, first_in_s: float) -> None:
+        self.binding = first_in_s > EARLY_S  # the queue's next free slot was ahead of now: calls wait for slots
+        first = asyncio.get_running_loop().time() + max(first_in_s, 0.0)
+        slots = self.slots
+        if slots and slots[-1] > first:
+            # A run that starts before slots already held (the lock order of two statements): kept in time order.
+            merged = sorted([*slots, *(first + i * self.interval_s for i in range(granted))])
+            slots.clear()
+            slots.extend(merged)
+        else:
+            slots.extend(first + i * self.interval_s for i in range(granted))
+        self.stats.granted += granted
+
+    def take_now(self) -> bool:
+        """Take a slot that is due now (within EARLY_S) without waiting; False: `await acquire()` instead."""
+        if self.waiting:
+            return False  # lanes already waiting go first
+        slots = self.slots
+        now = asyncio.get_running_loop().time()
+        while slots and slots[0] < now - STALE_S:
+            slots.popleft()  # nobody took it in time: a late call could bunch with the next ones
+            self.stats.dropped += 1
+        if not slots or slots[0] - now > EARLY_S:
+            return False
+        slots.popleft()
+        self.used += 1
+        self._read_ahead()
+        return True
+
+    def _read_ahead(self) -> None:
+        if (len(self.slots) < self.low and not self._taking.locked()
+                and (self._refill is None or self._refill.done())):
+            # The next run of slots is on its way before the lanes run out of them.
+            self._refill = asyncio.get_running_loop().create_task(self._take_locked())
 
     async def acquire(self) -> None:
         """Wait for this worker's next call slot (a database round trip when it holds none)."""
@@ -104,12 +168,10 @@ class RateLimiter:
                     if not self.slots:
                         await self._take()
             at = self.slots.popleft()
+            self.used += 1
         finally:
             self.waiting -= 1
-        if (len(self.slots) < self.prefetch // 2 and not self._taking.locked()
-                and (self._refill is None or self._refill.done())):
-            # Read ahead: the next run of slots is on its way before the lanes run out of them.
-            self._refill = loop.create_task(self._take_locked())
+        self._read_ahead()
         delay = at - loop.time()
         if delay > EARLY_S:
             await asyncio.sleep(delay)
@@ -117,8 +179,22 @@ class RateLimiter:
 
     async def _take_locked(self) -> None:
         async with self._taking:
-            if len(self.slots) < self.prefetch // 2:  # a lane may have fetched meanwhile
+            if len(self.slots) < self.low:  # a lane may have fetched meanwhile
                 await self._take()
+
+    def _wanted(self, now: float) -> int:
+        """Slots to ask for: the lanes waiting, and the rows held as far as they can be called before their
+        slots go stale at this worker's pace since the last statement; at least `prefetch`, at most `most`."""
+        held = self.waiting + self.backlog()
+        usable = self.most
+        if self.paced_at is not None and now > self.paced_at[0]:
+            pace = (self.used - self.paced_at[1]) / (now - self.paced_at[0])  # calls/s
+            if 0 < pace < self.rate:
+                # n slots span n/rate s and are used over n/pace s: all of them in time while
+                # n/pace <= n/rate + STALE_S.
+                usable = max(1, math.floor(STALE_S / (1 / pace - 1 / self.rate)))
+        self.paced_at = (now, self.used)
+        return max(self.waiting, self.prefetch, min(held, usable, self.most))
 
     async def aclose(self) -> None:
         """Stop a read-ahead in progress (its slots, if any, go unused)."""
@@ -130,16 +206,15 @@ class RateLimiter:
         """Reserve slots for the lanes waiting now; when none fit, sleep until the server says they will."""
         loop = asyncio.get_running_loop()
         while True:
-            want = max(self.waiting, self.prefetch)
+            want = self._wanted(loop.time())
+            self.low = max(want // 2, 1)
             params = {"queue": self.queue, "want": want, "min": min(want, self.min_grant), "rate": self.rate,
                       "horizon_s": self.horizon_s}
             [(granted, first_in_s)] = await self.side.fetch(RATE_TAKE, params)
-            now = loop.time()
             self.stats.statements += 1
             if granted > 0:
-                first = now + max(float(first_in_s), 0.0)
-                self.slots.extend(first + i * self.interval_s for i in range(int(granted)))
-                self.stats.granted += int(granted)
+                self._add(int(granted), float(first_in_s))
                 return
             self.stats.refused += 1
+            self.binding = True
             await asyncio.sleep(max(float(first_in_s), self.interval_s / 4))

@@ -81,7 +81,7 @@ class Statements:
         # another service wrote can make the statement fail for the whole batch (CONTRACT §3).
         # `key = ANY(ARRAY(...))` makes the update a primary-key lookup per claimed row; a join alone lets
         # the planner hash-join against a scan of the whole table.
-        self.claim = f"""
+        due = f"""
 WITH due AS MATERIALIZED (
        SELECT c.id, c.lapsed
          FROM (
@@ -109,7 +109,8 @@ WITH due AS MATERIALIZED (
                           FOR UPDATE SKIP LOCKED) AS orphan
               ) AS c
         ORDER BY c.rank
-        LIMIT %(n)s)
+        LIMIT %(n)s)"""  # noqa: S608
+        update = f"""
 UPDATE {t} AS p
    SET status        = 'PROCESSING',
        attempts      = least(greatest(p.attempts, 0), 2147483646) + 1,
@@ -117,7 +118,23 @@ UPDATE {t} AS p
        claim_token   = %(token)s
   FROM due
  WHERE p.{k} = ANY(ARRAY(SELECT id FROM due)) AND p.{k} = due.id
-RETURNING p.{k}, p.attempts, due.lapsed, {cols}
+RETURNING p.{k}, p.attempts, due.lapsed, {cols}"""  # noqa: S608
+        self.claim = f"{due}{update}\n"
+
+        # claim_with_slots — `claim`, and call slots of a queue with rate_limit_per_s for the rows it claimed,
+        # in the same statement (ratelimit.py: no round trip of their own when the limit does not bind).
+        #   %(n)s %(lease_s)s %(token)s as claim · %(queue)s text · %(most)s int slots at most
+        #   %(rate)s float8 calls/s · %(horizon_s)s float8 (the parameters of ba_rate_take, migration 0007)
+        # Returns what `claim` returns, each row followed by granted (int: slots reserved, up to the rows
+        # claimed and %(most)s, fewer or none when the horizon is full) and first_in_s (float8: seconds from
+        # the server's now until the first of them, the others 1/rate apart). No row claimed: no slot taken.
+        self.claim_with_slots = f"""{due},
+claimed AS ({update}),
+slots AS MATERIALIZED (
+       SELECT granted, first_in_s
+         FROM ba_rate_take(%(queue)s, least((SELECT count(*) FROM claimed)::int, %(most)s), 1, %(rate)s,
+                           %(horizon_s)s))
+SELECT claimed.*, slots.granted, slots.first_in_s FROM claimed CROSS JOIN slots
 """  # noqa: S608
 
         # claimed_by_token — rows a claim statement took whose answer never arrived (the connection died).
@@ -130,9 +147,11 @@ RETURNING p.{k}, p.attempts, due.lapsed, {cols}
         )
 
         # write_results — a batch of results in one statement, each fenced by its claim token.
-        #   %(ids)s key[] · %(tokens)s uuid[] · %(statuses)s text[] DONE, FAILED or NEW (a retry, or a claim
-        #   given back) · %(undo)s int[] 1 gives the claim's attempt back (never called) · %(delays)s float8[]
-        #   NEW only: seconds until next_attempt_at · %(errors)s text[] last_error, or NULL to keep the stored one
+        #   %(ids)b key[] · %(tokens)b uuid[] · %(statuses)b text[] DONE, FAILED or NEW (a retry, or a claim
+        #   given back) · %(undo)b int[] 1 gives the claim's attempt back (never called) · %(delays)b float8[]
+        #   NEW only: seconds until next_attempt_at · %(errors)b text[] last_error, or NULL to keep the stored one
+        # The arrays are sent in binary (`%(name)b`): psycopg writes a text array element by element in
+        # Python with a quoting check each, four times the client's CPU of the binary form per flushed row.
         # Returns the 1-based position (in the arrays) of every row written; a row whose claim was lost
         # matches nothing, so DONE is written at most once.
         self.write_results = f"""
@@ -145,22 +164,23 @@ UPDATE {t} AS p
        claim_token     = CASE WHEN r.status = 'NEW' THEN NULL ELSE p.claim_token END,
        last_error      = coalesce(r.error, p.last_error),
        processed_at    = CASE WHEN r.status = 'NEW' THEN p.processed_at ELSE now() END
-  FROM unnest(%(ids)s::{kt}[], %(tokens)s::uuid[], %(statuses)s::text[], %(undo)s::int[],
-              %(delays)s::float8[], %(errors)s::text[])
+  FROM unnest(%(ids)b::{kt}[], %(tokens)b::uuid[], %(statuses)b::text[], %(undo)b::int[],
+              %(delays)b::float8[], %(errors)b::text[])
        WITH ORDINALITY AS r(id, token, status, undo, delay_s, error, ord)
- WHERE p.{k} = ANY(%(ids)s::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
+ WHERE p.{k} = ANY(%(ids)b::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
 RETURNING r.ord
 """  # noqa: S608
 
         # renew — extend the lease of claims still held (liveness.py): claimed_until = now() + %(lease_s)s.
-        #   %(keys)s key[] · %(tokens)s uuid[] the claim token of each key · %(lease_s)s float8
+        #   %(keys)b key[] · %(tokens)b uuid[] the claim token of each key (binary, as write_results)
+        #   %(lease_s)s float8
         # Fenced like a result: only rows still PROCESSING under that token, so a row finished, given back or
         # claimed again by another worker is never revived. Returns the keys renewed.
         self.renew = f"""
 UPDATE {t} AS p
    SET claimed_until = now() + make_interval(secs => %(lease_s)s)
-  FROM unnest(%(keys)s::{kt}[], %(tokens)s::uuid[]) AS r(id, token)
- WHERE p.{k} = ANY(%(keys)s::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
+  FROM unnest(%(keys)b::{kt}[], %(tokens)b::uuid[]) AS r(id, token)
+ WHERE p.{k} = ANY(%(keys)b::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
 RETURNING p.{k}
 """  # noqa: S608
 

@@ -127,9 +127,15 @@ class QueueStore:
         return await conn.execute(self.sql.write_results, self.results_params(results), binary=True)
 
     async def send_claim(
-        self, conn: psycopg.AsyncConnection[Any], n: int, lease_s: float, token: uuid.UUID
+        self, conn: psycopg.AsyncConnection[Any], n: int, lease_s: float, token: uuid.UUID,
+        slots: dict[str, Any] | None = None,
     ) -> psycopg.AsyncCursor[Any]:
-        return await conn.execute(self.sql.claim, {"n": n, "lease_s": float(lease_s), "token": token}, binary=True)
+        """The claim; with `slots` (`RateLimiter.claim_slots`), call slots for the rows claimed in the same
+        statement (`claim_with_slots`: each row then ends with granted, first_in_s)."""
+        params = {"n": n, "lease_s": float(lease_s), "token": token}
+        if slots is None:
+            return await conn.execute(self.sql.claim, params, binary=True)
+        return await conn.execute(self.sql.claim_with_slots, {**params, **slots}, binary=True)
 
     async def send_state(self, conn: psycopg.AsyncConnection[Any], state: dict[str, Any]) -> None:
         await conn.execute(RECORD_STATE, {"queue": self.name, **state})

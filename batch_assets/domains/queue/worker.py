@@ -14,7 +14,7 @@ Shape of one worker process:
   (NEW, attempt undone, due now); calls in flight get `drain_timeout_s` to finish, then are cancelled
   and given back; every result is flushed. Nothing stays claimed.
 - **Database outages** (`connection`): handler calls in flight go on; their results wait in memory
-  (at most batch + concurrency rows, as no claim is made) and are written on the new connection.
+  (at most two batches + concurrency rows, as no claim is made) and are written on the new connection.
   Claims whose statement was in flight when the connection died are taken up by their token.
 
 Several worker processes on one or many hosts need no coordinator: `SKIP LOCKED` shares the rows and
@@ -278,10 +278,13 @@ class Worker:
         if state == HALF_OPEN:
             return 1 if held == 0 and not self.breaker.probing else 0
         size = self.batch.size
-        if executor.pending.qsize() > size // 2:
-            return 0  # enough claimed rows wait for a lane
-        room = size + self.settings.concurrency - held
-        return min(size, room) if room > 0 else 0
+        if executor.pending.qsize() > size:
+            return 0  # a whole batch still waits for a lane
+        # Up to two batches ahead of the lanes: the next claim is on its way while the lanes work
+        # through the last one, so they do not wait a round trip per batch, and a result flush goes
+        # out with a claim rather than alone ahead of it. A claim of less than half a batch waits.
+        room = 2 * size + self.settings.concurrency - held
+        return min(size, room) if room >= max(size // 2, 1) else 0
 
     async def _round_trip(self, flush: bool, want: int, record: bool) -> list[Claim]:
         """One pipelined round trip: write the ready results, record the breaker, claim `want` rows."""
@@ -299,11 +302,16 @@ class Worker:
                 wcur = await store.send_write(conn, [r for r, _ in sent]) if sent else None
                 if record:
                     await store.send_state(conn, state)
-                ccur = await store.send_claim(conn, want, self.settings.claim_lease_s, token) if token else None
+                rate = self.gate.rate
+                slots = rate.claim_slots() if rate is not None else None  # rate slots for the rows (limit not binding)
+                ccur = await store.send_claim(conn, want, self.settings.claim_lease_s, token, slots) if token else None
                 if wcur is not None:
                     written = await wcur.fetchall()
                 if ccur is not None and token is not None:
-                    rows = store.claims(await ccur.fetchall(), token)
+                    claimed = await ccur.fetchall()
+                    rows = store.claims(claimed, token)
+                    if slots is not None and rate is not None and claimed:
+                        rate.granted(claimed[0][-2], claimed[0][-1])
         except BaseException:
             # Whether the statements committed is unknown. The results go back to be written again
             # (fenced); the claim's token is kept so rows it may have claimed are taken up next connection.
