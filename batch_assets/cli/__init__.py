@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
-from batch_assets.cli.main import main, run
+from batch_assets.cli.startup import pause_collector
+
+pause_collector()  # before the command groups' imports (start-up, cli/startup.py)
+
+from batch_assets.cli.main import main, run  # noqa: E402
 
 __all__ = ["main", "run"]

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from batch_assets.cli import db, jobs, outbox, queue, retention, rules, seed, subscriptions, sweep, tools
 from batch_assets.cli.args import Parser
 from batch_assets.cli.output import emit, empty_summary, err
+from batch_assets.cli.startup import resume_collector
 from batch_assets.errors import (
     EXIT_FAILED,
     EXIT_SKIPPED,
@@ -65,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         func = args.func
+        if func not in JOB_COMMANDS:  # a job command resumes it once its job's modules are in (run_job)
+            resume_collector()
         settings = load_settings()
         # Every command, `db migrate` included, leaves DAGSTER_HOME with our instance file (README, production).
         write_instance_config(settings)
@@ -85,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if func in JOB_COMMANDS:
             emit(empty_summary("FAILURE", error=f"unexpected {type(exc).__name__}"))
         return EXIT_FAILED
+    finally:
+        resume_collector()
 
 
 def run() -> None:

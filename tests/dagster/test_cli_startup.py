@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from datetime import date
 from pathlib import Path
 
@@ -19,12 +20,14 @@ from helpers import kill_session
 
 from batch_assets.crypto import DobCipher
 from batch_assets.domains.customer_status.seed import seed_customers
+from batch_assets.domains.payments.seed import seed_payments
 from batch_assets.orchestration import registry
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 
 NOT_FOR_A_SWEEP = (
     "pandas", "numpy", "matplotlib", "httpx", "celery", "aio_pika", "nats", "redis",
+    "pygments.lexers.agile",  # what Mako's exceptions module imports to colour HTML error pages (Alembic imports it)
     "batch_assets.definitions",
     "batch_assets.domains.payments.dagster", "batch_assets.domains.outbox.dagster",
     "batch_assets.domains.subscriptions.dagster", "batch_assets.domains.retention.dagster",
@@ -78,3 +81,36 @@ def test_a_cli_delta_sweep_imports_only_its_own_job(cli_env: dict[str, str], eng
     assert "batch_assets.domains.customer_status.dagster" in modules and "dagster" in modules
     loaded = sorted(name for name in NOT_FOR_A_SWEEP if name in modules)
     assert loaded == [], f"imported by a CLI delta sweep: {loaded}"
+
+
+# A payment handler that writes what the worker's process collector looks like while the worker works.
+GC_PROBE_HANDLER = """
+import gc, json, os
+def handle(payment_id, amount_cents, attempts):
+    with open(os.environ["GC_PROBE_FILE"], "w") as out:
+        json.dump({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}, out)
+"""
+
+
+def test_a_cli_worker_collects_with_its_start_up_frozen(cli_env: dict[str, str], engine: sa.Engine,
+                                                        tmp_path: Path) -> None:
+    """`python -m batch_assets.cli queue work --drain`: the collector, off while the CLI imported (cli/startup.py),
+    is on again while the worker handles payments, with what start-up imported frozen out of its reach."""
+    module = f"gc_probe_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(GC_PROBE_HANDLER)
+    state = tmp_path / "gc.json"
+    seed_payments(engine, 1, seed=3)
+    env = {**cli_env, "BATCH_ASSETS_PAYMENT_HANDLER": f"{module}:handle", "GC_PROBE_FILE": str(state),
+           "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "batch_assets.cli", "queue", "work", "--drain"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        kill_session(proc)
+    assert proc.returncode == 0, err[-2000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == "SUCCESS" and summary["changed"] == 1, summary
+    seen = json.loads(state.read_text())
+    assert seen["enabled"] is True
+    assert seen["frozen"] > 10_000, seen
