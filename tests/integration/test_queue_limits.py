@@ -227,9 +227,10 @@ def test_a_gate_that_cannot_work_stops_the_worker_and_gives_every_row_back(engin
 
 
 def test_a_claim_takes_a_rate_slot_for_each_row_it_claims(db_url: str, engine: sa.Engine) -> None:
-    """The claim of a rate-limited queue reserves its rows' call slots in its own statement, so a limit that
-    does not bind costs no statement of the limiter's: one slot per row claimed (at most a tenth of a second
-    of the rate), due now; the slot is then taken without waiting; a claim of nothing takes no slot."""
+    """Once a run of slots started now (the limit did not bind), the claim of a rate-limited queue reserves its
+    rows' call slots in its own statement, so such a limit costs no statement of the limiter's: one slot per
+    row claimed (at most a tenth of a second of the rate), due now; the slot is then taken without waiting;
+    a claim of nothing takes no slot. Before that first run, a claim takes none (the limit may bind)."""
     import psycopg
 
     from batch_assets.domains.payments import queue
@@ -237,10 +238,16 @@ def test_a_claim_takes_a_rate_slot_for_each_row_it_claims(db_url: str, engine: s
     from batch_assets.domains.queue.claims import new_token
 
     queue.enqueue(engine, 30, seed=71)
+    before: list[Any] = []
 
     async def scenario(sides: list[SideConnection]) -> tuple[list[int], int, bool, int, int]:
-        limiter = RateLimiter(sides[0], "payments", 1000.0, lanes=4)  # at most 100 slots per claim
+        limiter = RateLimiter(sides[0], "payments", 100_000.0, lanes=4)  # at most 10,000 slots per claim
+        assert limiter.claim_slots() is None
+        await limiter.acquire()  # one statement of its own: a run that starts now
+        limiter.slots.clear()
         async with await psycopg.AsyncConnection.connect(_conninfo(db_url), autocommit=True) as conn:
+            cur = await conn.execute(NEXT_SLOT)
+            before.extend(await cur.fetchall())
             cur = await PAYMENTS.send_claim(conn, 50, 30, new_token(), limiter.claim_slots())
             rows = await cur.fetchall()
             limiter.granted(rows[0][-2], rows[0][-1])
@@ -252,8 +259,12 @@ def test_a_claim_takes_a_rate_slot_for_each_row_it_claims(db_url: str, engine: s
     granted, claimed, taken_now, nothing, statements = asyncio.run(_with_sides(db_url, 1, scenario))
     assert claimed == 30 and set(granted) == {30}  # every row carries the run's size: one slot per row
     assert taken_now  # the first slot is due now: no wait, no statement
-    assert nothing == 0 and statements == 0
+    assert nothing == 0 and statements == 1  # the claims took their slots without a statement of their own
+    [(next_before, _)] = before
     with engine.connect() as conn:
-        ahead = conn.execute(sa.text("SELECT extract(epoch FROM next_slot - updated_at)::float8 FROM ba_queue_rate"
-                                     " WHERE queue = 'payments'")).scalar()
-    assert ahead == pytest.approx(30 / 1000.0, abs=1e-6)  # the next free slot moved past exactly 30 slots
+        next_after, claimed_at = conn.execute(sa.text(NEXT_SLOT)).one()
+    # The claim moved the next free slot past exactly 30 slots, from the free slot or its own now if later.
+    assert (next_after - max(next_before, claimed_at)).total_seconds() == pytest.approx(30 / 100_000.0, abs=1e-6)
+
+
+NEXT_SLOT = "SELECT next_slot, updated_at FROM ba_queue_rate WHERE queue = 'payments'"
