@@ -8,6 +8,12 @@ size they show what grows with the table: one dead tuple per row an UPDATE rewro
 entries of non-HOT updates, the outbox's inserts. A steady state that rewrote unchanged rows would
 show here as updated > 0.
 
+The WAL the server wrote meanwhile (`pg_stat_wal`: bytes, full-page images) is read once the tables'
+counters settled, as a difference too. It is server-wide, so it counts other databases' writes as well, but
+during a bench sweep that is mostly the sweep's: a full-page image is written the first time a page changes
+after each checkpoint, which is what makes a write cost more once the tables far exceed what one checkpoint
+interval touches (issue 20).
+
 The statistics reach `pg_stat_user_tables` when a backend flushes them (at the latest when it goes
 idle or closes): the bench closes the sweep's pooled connections, then reads until two reads a
 short while apart agree, within a deadline.
@@ -45,6 +51,20 @@ SELECT indexrelid::regclass::text AS name, pg_relation_size(indexrelid) AS bytes
 )
 
 
+# WAL_STATS — the server's WAL written since its statistics reset (PostgreSQL 14+). No parameters.
+WAL_STATS = sa.text("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal")
+
+
+def _wal(engine: sa.Engine) -> dict[str, int]:
+    """The server's WAL counters; empty where the server has no pg_stat_wal (before PostgreSQL 14)."""
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(WAL_STATS).one()
+    except sa.exc.ProgrammingError:
+        return {}
+    return {k: int(v) for k, v in row._mapping.items()}
+
+
 def _read(engine: sa.Engine) -> dict[str, dict[str, int]]:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         return {r.relname: {k: int(v) for k, v in r._mapping.items() if k != "relname"}
@@ -52,7 +72,8 @@ def _read(engine: sa.Engine) -> dict[str, dict[str, int]]:
 
 
 def snapshot(engine: sa.Engine) -> dict[str, dict[str, int]]:
-    """The counters once every backend flushed: the pool is closed, then read until two reads agree."""
+    """The counters once every backend flushed: the pool is closed, then read until two reads agree; then the
+    server's WAL counters (never settled: other databases write too)."""
     engine.dispose()
     deadline = time.monotonic() + DEADLINE_S
     last = _read(engine)
@@ -60,9 +81,9 @@ def snapshot(engine: sa.Engine) -> dict[str, dict[str, int]]:
         time.sleep(SETTLE_S)  # a poll with a deadline: the statistics have no event to wait for
         now = _read(engine)
         if now == last:
-            return now
+            break
         last = now
-    return last
+    return {**last, "wal": _wal(engine)}
 
 
 def written(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]],
@@ -81,6 +102,11 @@ def written(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]],
             "heap_mib": round(a.get("heap_bytes", 0) / MIB, 1),
             "index_mib": round(a.get("index_bytes", 0) / MIB, 1),
         }
+    wal_before, wal_after = before.get("wal") or {}, after.get("wal") or {}
+    if wal_before and wal_after:
+        out["wal"] = {"server_wide": True, "records": wal_after["wal_records"] - wal_before["wal_records"],
+                      "full_page_images": wal_after["wal_fpi"] - wal_before["wal_fpi"],
+                      "mib": round((wal_after["wal_bytes"] - wal_before["wal_bytes"]) / MIB, 1)}
     with engine.connect() as conn:
         out["customers"]["indexes_mib"] = {r.name: round(int(r.bytes) / MIB, 1) for r in conn.execute(INDEX_SIZES)}
     return out

@@ -234,6 +234,8 @@ def test_only_runs_the_sections_named_and_the_checker_holds_the_report_to_them(
     for key in ("full_first_computation_w1", "full_steady_state_w4", "delta_0_1pct_due_w4", "config_change"):
         assert report["sweep"][key]["scanned"] > 0
     assert "floor_time_ratio" not in report["sweep"]["full_first_computation_w1"]
+    wal = report["sweep"]["full_first_computation_w1"]["tables"]["wal"]  # server-wide: at least the sweep's own
+    assert wal["server_wide"] is True and wal["mib"] > 0 and wal["records"] >= ROWS and wal["full_page_images"] >= 0
     assert "Queue" not in (out / "latest.md").read_text() and not (out / "partial.json").exists()
 
     passed = _checker(out / "latest.json")
