@@ -41,7 +41,10 @@ def size_entry(report: dict[str, Any]) -> dict[str, Any]:
             key = name if name != "config_change" else f"config_change_w{entry.get('workers')}"
             per_row[key] = _per_row_us(entry)
     rss = (report.get("checks") or {}).get("peak_rss") or {}
-    first = sweep.get(render.sweep_key("first_computation", max(report.get("workers") or [1]))) or {}
+    # The first computation of the most workers the report has (a partial report may stop before the last).
+    firsts = [sweep[k] for w in sorted(report.get("workers") or [1], reverse=True)
+              if (k := render.sweep_key("first_computation", w)) in sweep]
+    first = firsts[0] if firsts else {}
     return {
         "rows": report["rows"],
         "status": report.get("status"),  # RUNNING: a partial.json, the run stopped before its end

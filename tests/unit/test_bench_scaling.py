@@ -72,5 +72,12 @@ def test_a_run_keeps_its_finished_scenarios_in_partial_json_and_the_merge_marks_
     assert list(saved["sweep"]) == ["full_first_computation_w4"] and saved["running"] == "seeding"
     assert report["status"] == "SUCCESS" and "running" not in report and said[0].endswith("(1/3) seeding")
     assert "report.status must be SUCCESS, got 'RUNNING'" in check.check_report(saved)
-    table = scaling.markdown(scaling.merge([saved, _at(base, 100_000, 1.0, 80.0)]))
+    saved["sweep"]["full_first_computation_w1"] = base["sweep"]["full_first_computation_w1"]
+    merged = scaling.merge([saved, _at(base, 100_000, 1.0, 80.0)])
+    # its table counts are those of the first computation with the most workers it got to
+    assert merged["sizes"][1]["tables_after_first_computation"] == base["sweep"]["full_first_computation_w4"]["tables"]
+    del saved["sweep"]["full_first_computation_w4"]
+    merged = scaling.merge([saved, _at(base, 100_000, 1.0, 80.0)])
+    assert merged["sizes"][1]["tables_after_first_computation"] == base["sweep"]["full_first_computation_w1"]["tables"]
+    table = scaling.markdown(merged)
     assert table.splitlines()[0].startswith("| scenario (µs per row) | 100k | 1M (partial) |")
