@@ -227,10 +227,10 @@ def test_a_gate_that_cannot_work_stops_the_worker_and_gives_every_row_back(engin
 
 
 def test_a_claim_takes_a_rate_slot_for_each_row_it_claims(db_url: str, engine: sa.Engine) -> None:
-    """Once a run of slots started now (the limit did not bind), the claim of a rate-limited queue reserves its
-    rows' call slots in its own statement, so such a limit costs no statement of the limiter's: one slot per
-    row claimed (at most a tenth of a second of the rate), due now; the slot is then taken without waiting;
-    a claim of nothing takes no slot. Before that first run, a claim takes none (the limit may bind)."""
+    """While the limit does not bind (the last run of slots started now), the claim of a rate-limited queue
+    reserves its rows' call slots in its own statement, so such a limit costs no statement of the limiter's:
+    one slot per row claimed (at most a tenth of a second of the rate), due now; the slot is then taken
+    without waiting; a claim of nothing takes no slot."""
     import psycopg
 
     from batch_assets.domains.payments import queue
@@ -242,7 +242,6 @@ def test_a_claim_takes_a_rate_slot_for_each_row_it_claims(db_url: str, engine: s
 
     async def scenario(sides: list[SideConnection]) -> tuple[list[int], int, bool, int, int]:
         limiter = RateLimiter(sides[0], "payments", 100_000.0, lanes=4)  # at most 10,000 slots per claim
-        assert limiter.claim_slots() is None
         await limiter.acquire()  # one statement of its own: a run that starts now
         limiter.slots.clear()
         async with await psycopg.AsyncConnection.connect(_conninfo(db_url), autocommit=True) as conn:

@@ -8,11 +8,11 @@ workers make them, over any window the calls number at most rate x window + 1, a
 saves up no burst. Slots are handed out at most `horizon_s` ahead of now, so one worker cannot
 reserve a long stretch the others then wait behind.
 
-In a worker, slots come in runs, not per call. While the limit does not bind (no run started later
-than now within the horizon, and one run started now), the claim that takes rows also takes a slot
-for each of them in the same statement (`Statements.claim_with_slots`, at most a tenth of a second
-of the rate, `PREFETCH_S`), so such a limit costs no round trip of its own. Each lane then takes a
-slot that is due without waiting (`take_now`: no coroutine, no statement), else it awaits
+In a worker, slots come in runs, not per call. While the limit does not bind (no run started more
+than `STALE_S` after now, and no request was refused, within the horizon), the claim that takes
+rows also takes a slot for each of them in the same statement (`Statements.claim_with_slots`, at
+most a tenth of a second of the rate, `PREFETCH_S`), so such a limit costs no round trip of its own.
+Each lane then takes a slot that is due without waiting (`take_now`: no coroutine, no statement), else it awaits
 `acquire()`, which asks on the side connection for as many slots as lanes wait and rows wait for a
 lane (`backlog`), as far as this worker can use them before they go stale at its recent pace, at
 most a tenth of a second of the rate and at least a tenth of a second's worth (at most one per
@@ -97,7 +97,7 @@ class RateLimiter:
         self.low = max(self.prefetch // 2, 1)  # read ahead below this many slots (half of the last run)
         self.used = 0  # slots taken by calls
         self.paced_at: tuple[float, int] | None = None  # (time, used) at the last statement: the pace since
-        self.bound_until = math.inf  # claims take no slots before this time (claim_slots): the limit may bind
+        self.bound_until = 0.0  # claims take no slots before this time (claim_slots): the limit binds
         self.stats = RateStats()
         self._taking = asyncio.Lock()
         self._refill: asyncio.Task[None] | None = None
@@ -106,10 +106,9 @@ class RateLimiter:
         """The parameters of a claim that takes call slots for its rows (`Statements.claim_with_slots`): as many
         as rows claimed, at most a tenth of a second of the rate, none past the horizon; `granted` adds them.
 
-        None while the limit may bind (a run started later than now, or none fitted, within the last
-        `horizon_s`; and until a run started now): claimed rows may then wait behind others for their turn,
-        and a slot taken with them would go stale unused, a loss of the shared rate; the lanes ask as they
-        come (`acquire`)."""
+        None while the limit binds (within `horizon_s` of a run that started more than STALE_S after now, or
+        of a request none fitted): claimed rows then wait behind others for their turn, and a slot taken
+        with them would go stale unused, a loss of the shared rate; the lanes ask as they come (`acquire`)."""
         if asyncio.get_running_loop().time() < self.bound_until:
             return None
         return {"queue": self.queue, "most": self.most, "rate": self.rate, "horizon_s": self.horizon_s}
@@ -121,10 +120,11 @@ class RateLimiter:
 
     def _add(self, granted: int, first_in_s: float) -> None:
         now = asyncio.get_running_loop().time()
-        if first_in_s > EARLY_S:  # the queue's next free slot was ahead of now: calls wait for slots
+        if first_in_s > STALE_S:
+            # The queue's next free slot was further ahead than a slot may be late: rows claimed now would
+            # wait for their slots, the limit binds. (A run of a few ms ahead is only another worker's
+            # claim being called: a limit far above the pace of the calls still sees those.)
             self.bound_until = now + self.horizon_s
-        elif self.bound_until == math.inf:
-            self.bound_until = now  # a first run that started now: the limit did not bind then
         first = now + max(first_in_s, 0.0)
         slots = self.slots
         if slots and slots[-1] > first:
