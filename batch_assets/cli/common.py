@@ -31,13 +31,18 @@ def build_config(cls: type[C], settings: Settings, /, **values: Any) -> tuple[C,
 def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any] | None = None) -> int:
     """Launch `job_name` as a Dagster run, print its summary, return the exit code."""
     from batch_assets.cli.startup import resume_collector
-    from batch_assets.orchestration.instance_home import no_template_highlighting, quick_commits
+    from batch_assets.orchestration.instance_home import (
+        no_template_highlighting,
+        preload_instance_storage,
+        quick_commits,
+    )
 
     no_template_highlighting()
     from batch_assets.orchestration.launch import launch_job
     from batch_assets.shutdown import install_signal_handlers
 
-    resume_collector()  # the job's modules are imported: collection on for the run (cli/startup.py)
+    preload_instance_storage()
+    resume_collector()  # the job's and the instance's modules are imported: collection on for the run (cli/startup.py)
     install_signal_handlers()
     with quick_commits():
         result = launch_job(job_name, config, settings=settings)
