@@ -190,3 +190,19 @@ def dead_owner() -> Iterator[str]:
         proc.kill()
         proc.wait(timeout=10)
     yield owner
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_defs_state_storage() -> Iterator[None]:
+    """Each test starts with no current Dagster defs-state storage. Entering a DagsterInstance makes its storage
+    the process's current one (a context variable); a test whose instance was entered and never exited leaves it
+    current after the instance is gone, and the next test in that process that loads Definitions fails with
+    "Attempted to resolve undefined DagsterInstance weakref" (seen when the suite runs in two processes: which
+    tests share a process changes)."""
+    if "dagster" not in sys.modules:  # nothing of Dagster imported yet: nothing can be current
+        yield
+        return
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    with set_defs_state_storage(None):
+        yield

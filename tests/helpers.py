@@ -303,3 +303,9 @@ def job_with_resources(job_name: str, **overrides: Any) -> Any:
 from faults.brokers import TcpProxy  # noqa: E402
 
 __all__ = ["TcpProxy"]
+
+
+def write_module(folder: Path, name: str, source: str) -> str:
+    """`source` (dedented) as module `name` in `folder` (a test's folder on sys.path); returns the module name."""
+    (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    return name

@@ -4,7 +4,6 @@ of the team's functions on sys.path (as BATCH_ASSETS_DEFS_DIR is)."""
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,8 +35,3 @@ def functions(tmp_path: Path) -> Iterator[Path]:
         sys.path.remove(str(folder))
         for name in [n for n, m in sys.modules.items() if str(folder) in str(getattr(m, "__file__", "") or "")]:
             del sys.modules[name]
-
-
-def write_module(folder: Path, name: str, source: str) -> str:
-    (folder / f"{name}.py").write_text(textwrap.dedent(source))
-    return name

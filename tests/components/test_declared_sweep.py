@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conftest import write_module
+from helpers import write_module
 
 from batch_assets.components.sweep_component import SweepComponent
 from batch_assets.engine.definition import RunContext
