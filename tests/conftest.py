@@ -29,6 +29,23 @@ from batch_assets.settings import TEST_DATABASE_URL_VAR
 REPO = Path(__file__).resolve().parent.parent
 
 
+TEST_PHASE_VAR = "BATCH_ASSETS_TEST_PHASE"
+"""`make test` runs the suite in two phases: `parallel` (every test but those marked `alone`, in TEST_PROCESSES
+processes) and then `alone` (only those, in one process). Unset: every test."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase = os.environ.get(TEST_PHASE_VAR, "")
+    if phase not in {"parallel", "alone"}:
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("alone") is not None) == (phase == "alone") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def _server_url() -> str:
     url = os.environ.get(TEST_DATABASE_URL_VAR, "").strip()
     if url:

@@ -44,6 +44,7 @@ def _max_in_window(times: list[float], window: float = 1.0) -> int:
     return best
 
 
+@pytest.mark.alone
 def test_three_limiters_share_one_rate_and_none_gets_a_burst(db_url: str) -> None:
     """3 limiters (own connections) x 4 lanes at 40/s for 3 s: every 1 s window holds 40 ± 10%, and no two
     slots are closer than 1/rate minus the event loop's slack."""

@@ -24,7 +24,7 @@ from helpers import LimitsStub, WorkerProcess, wait_for
 from batch_assets.domains.payments import queue
 from batch_assets.domains.payments.rate_bench import window_counts
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.alone]
 
 
 def _listening(engine: sa.Engine) -> int:
