@@ -140,11 +140,16 @@ def bad_values(annotation: Any, name: str) -> list[Any]:
 
 
 def run_config_fuzz() -> list[dict[str, Any]]:
-    """Build every Config class with each bad value of each field; it must be refused before any run."""
+    """Build every Config class with each bad value of each field; it must be refused before any run: by the
+    config's own validation, or, for a dated job's run date, by the check its first op makes against the calendar
+    resource (the default one: the window of BATCH_ASSETS_RUN_DATE_WINDOW_DAYS) before any read or write."""
     import pydantic
 
     from batch_assets.errors import BatchAssetsError
     from batch_assets.orchestration.registry import SPECS
+    from batch_assets.orchestration.resources import CalendarResource
+
+    calendar = CalendarResource()
 
     classes = [spec.config for spec in SPECS]
     results = []
@@ -158,7 +163,7 @@ def run_config_fuzz() -> list[dict[str, Any]]:
                 shown = value if not isinstance(value, str) or len(value) < 20 else f"{value[:6]}…({len(value)} chars)"
                 try:
                     config = cls(**{name: value})
-                    config.to_settings()
+                    calendar.check_run_date(config.to_settings())
                 except (pydantic.ValidationError, BatchAssetsError, ValueError):
                     results.append({"case": f"{cls.__name__}.{name}={shown!r}", "ok": True})
                     continue
