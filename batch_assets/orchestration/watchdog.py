@@ -153,15 +153,12 @@ def _process_gone(pid: int, seen_at: float) -> bool:
         return True
 
 
-def free_pool_slots(instance: dg.DagsterInstance, run_id: str) -> int:
-    """Free every pool slot the run holds and drop its steps waiting for one (a run judged dead or refused);
-    returns how many slots it held. A storage without pools (supports_global_concurrency_limits) has none."""
+def free_pool_slots(instance: dg.DagsterInstance, run_id: str) -> None:
+    """Free every pool slot the run holds and drop its steps waiting for one (a run judged dead or refused). A
+    storage without pools (supports_global_concurrency_limits) has none."""
     storage = instance.event_log_storage
-    if not storage.supports_global_concurrency_limits:
-        return 0
-    held = sum(1 for slot in storage.get_concurrency_info(APP_DATABASE_POOL).claimed_slots if slot.run_id == run_id)
-    storage.free_concurrency_slots_for_run(run_id)  # every pool, not only ours: the run is over
-    return held
+    if storage.supports_global_concurrency_limits:
+        storage.free_concurrency_slots_for_run(run_id)  # every pool, not only ours: the run is over
 
 
 def waiting_for_slot(instance: dg.DagsterInstance, run_id: str) -> list[str]:
