@@ -1,5 +1,5 @@
 """`python -m batch_assets.cli`."""
 
-from batch_assets.cli.main import run
+from batch_assets.cli import run
 
 run()

@@ -35,6 +35,7 @@ def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any
         no_template_highlighting,
         preload_instance_storage,
         quick_commits,
+        reuse_alembic_scripts,
     )
 
     no_template_highlighting()
@@ -42,6 +43,7 @@ def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any
     from batch_assets.shutdown import install_signal_handlers
 
     preload_instance_storage()
+    reuse_alembic_scripts()
     resume_collector()  # the job's and the instance's modules are imported: collection on for the run (cli/startup.py)
     install_signal_handlers()
     with quick_commits():

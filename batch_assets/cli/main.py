@@ -15,9 +15,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from batch_assets.cli import db, jobs, outbox, queue, retention, rules, seed, subscriptions, sweep, tools
+from batch_assets.cli import db, jobs, launcher, outbox, queue, retention, rules, seed, subscriptions, sweep, tools
 from batch_assets.cli.args import Parser
-from batch_assets.cli.output import emit, empty_summary, err
+from batch_assets.cli.output import emit, empty_summary, err, looks_like_job
 from batch_assets.cli.startup import resume_collector
 from batch_assets.errors import (
     EXIT_FAILED,
@@ -28,7 +28,7 @@ from batch_assets.errors import (
 from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.settings import load_settings
 
-GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, retention, tools)
+GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, retention, tools, launcher)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,13 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 JOB_COMMANDS = {sweep.cmd_sweep, subscriptions.cmd_subscriptions_expire, queue.cmd_queue_work, outbox.cmd_outbox_relay,
                 jobs.cmd_jobs_run, retention.cmd_retention_run}
-
-
-def _looks_like_job(argv: Sequence[str] | None) -> bool:
-    words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")]
-    return words[:1] == ["sweep"] or words[:2] in (
-        ["subscriptions", "expire"], ["queue", "work"], ["outbox", "relay"], ["jobs", "run"], ["retention", "run"]
-    )
 
 
 # Dagster's API-stability notices (an API "is currently in beta/preview", "is superseded") speak to the developers
@@ -74,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args, settings)
     except BatchAssetsError as exc:
         err(f"error: {exc}")
-        if func in JOB_COMMANDS or (func is None and _looks_like_job(argv)):
+        if func in JOB_COMMANDS or (func is None and looks_like_job(sys.argv[1:] if argv is None else argv)):
             status = "SKIPPED" if exc.exit_code == EXIT_SKIPPED else "FAILURE"
             emit(empty_summary(status, error=str(exc)))
         return exc.exit_code
@@ -90,8 +83,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     finally:
         resume_collector()
-
-
-def run() -> None:
-    sys.exit(main())
 

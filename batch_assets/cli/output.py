@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from batch_assets.errors import (
@@ -30,3 +31,11 @@ def empty_summary(status: str, error: str | None = None) -> dict[str, Any]:
     from batch_assets.run_history import empty_summary as zero_summary
 
     return zero_summary(status, None, **({"error": error} if error is not None else {}))
+
+
+def looks_like_job(argv: Sequence[str]) -> bool:
+    """Whether these arguments name a job command (its failure still owes a JSON summary), from the words alone."""
+    words = [w for w in argv if not w.startswith("-")]
+    return words[:1] == ["sweep"] or words[:2] in (
+        ["subscriptions", "expire"], ["queue", "work"], ["outbox", "relay"], ["jobs", "run"], ["retention", "run"]
+    )

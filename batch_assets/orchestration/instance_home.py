@@ -134,6 +134,58 @@ def no_template_highlighting() -> None:
         sys.modules.setdefault("mako.ext.pygmentplugin", None)  # type: ignore[arg-type]
 
 
+def reuse_alembic_scripts() -> None:
+    """One Alembic script directory per configuration in this process, its revision map read once (start-up,
+    issue 20).
+
+    Dagster's SQLite storage checks each file's schema revision with Alembic when it first opens it (runs.db,
+    index.db, the new run's event-log shard, which it also stamps): each check builds a new `ScriptDirectory`
+    from the same configuration (Dagster keeps one per storage) and reads every migration script of it again,
+    about ninety files, five times in a CLI delta (a sixth of its CPU). The scripts are package files that do not
+    change while the process runs, so the first directory built from a configuration object serves it from then
+    on. Only in this process (the CLI's, or the launcher's and the commands it forks); idempotent.
+    """
+    from alembic.script import ScriptDirectory
+
+    if getattr(ScriptDirectory.from_config, "batch_assets_reused", False):
+        return
+    build = ScriptDirectory.from_config.__func__  # type: ignore[attr-defined]
+    built: dict[int, tuple[object, ScriptDirectory]] = {}
+
+    def from_config(cls: type[ScriptDirectory], config: object) -> ScriptDirectory:
+        hit = built.get(id(config))
+        if hit is None or hit[0] is not config:
+            hit = built[id(config)] = (config, build(cls, config))
+        return hit[1]
+
+    from_config.batch_assets_reused = True  # type: ignore[attr-defined]
+    ScriptDirectory.from_config = classmethod(from_config)  # type: ignore[method-assign,assignment]
+
+
+SQLITE_STORAGE_MODULES = (
+    "dagster._core.storage.runs.sqlite.sqlite_run_storage",
+    "dagster._core.storage.event_log.sqlite.sqlite_event_log",
+    "dagster._core.storage.schedules.sqlite.sqlite_schedule_storage",
+)
+"""The SQLite storages; each builds its Alembic configuration from its own file (`get_alembic_config(__file__)`)."""
+
+
+def read_alembic_scripts() -> None:
+    """Build the SQLite storages' script directories now (`reuse_alembic_scripts`): what the launcher does once
+    for every command it forks (cli/launcher.py). Best effort, as `preload_instance_storage`."""
+    import importlib
+
+    reuse_alembic_scripts()
+    try:
+        from alembic.script import ScriptDirectory
+        from dagster._core.storage.sql import get_alembic_config
+
+        for module in SQLITE_STORAGE_MODULES:
+            ScriptDirectory.from_config(get_alembic_config(importlib.import_module(module).__file__)).get_heads()
+    except (ImportError, AttributeError, TypeError):
+        return
+
+
 INSTANCE_STORAGE_MODULES = (
     "dagster._core.storage.base_storage",  # the run, event-log and schedule storages' bases (and what they import)
     "dagster._core.storage.sql",  # Alembic, with which every SQL storage checks its schema
