@@ -164,7 +164,7 @@ def test_signals_reach_the_command_and_a_killed_client_takes_it_down(cli_env: di
                                       stderr=subprocess.PIPE, text=True, start_new_session=True)
             try:
                 # Once the payment is DONE the worker's run is under way, its signal handlers installed.
-                wait_for(lambda: _unsettled(engine) == 0 or worker.poll() is not None, timeout=120,
+                wait_for(lambda w=worker: _unsettled(engine) == 0 or w.poll() is not None, timeout=120,
                          what="the worker to settle its payment")
                 assert worker.poll() is None, worker.communicate()[1][-2000:]
                 [(pid, command)] = served.served()[-1:]
