@@ -226,15 +226,29 @@ def _check_startup(c: Checker, report: dict[str, Any]) -> None:
     startup = c.section(report, "startup")
     if not startup:
         return
+    _check_startup_runs(c, startup, "startup")
+    launcher = startup.get("launcher")
+    c.that(isinstance(launcher, dict), "startup.launcher (the start-up through the resident launcher) is missing")
+    if isinstance(launcher, dict):
+        _check_startup_runs(c, launcher, "startup.launcher")
+    _check_cli_wall(c, startup)
+
+
+def _check_startup_runs(c: Checker, startup: dict[str, Any], where: str) -> None:
+    """Each probe's start-up is its wall minus its duration_s; the figure is a probe's and its goal follows it."""
     runs = startup.get("runs") or []
-    c.that(len(runs) >= 1, "startup.runs is empty")
+    c.that(len(runs) >= 1, f"{where}.runs is empty")
     for i, run in enumerate(runs):
         c.that(run.get("cli_wall_s", 0) > run.get("engine_duration_s", 0) >= 0,
-               f"startup.runs[{i}]: the CLI wall time must exceed the engine's duration_s")
+               f"{where}.runs[{i}]: the CLI wall time must exceed the engine's duration_s")
         c.that(close(run.get("startup_s", -1), run.get("cli_wall_s", 0) - run.get("engine_duration_s", 0)),
-               f"startup.runs[{i}].startup_s is not cli_wall_s - engine_duration_s")
-    c.positive(startup, "startup_s", "startup")
-    _check_cli_wall(c, startup)
+               f"{where}.runs[{i}].startup_s is not cli_wall_s - engine_duration_s")
+    if c.positive(startup, "startup_s", where):
+        figures = [r.get("startup_s", 0) for r in runs] or [0]
+        c.that(min(figures) <= startup["startup_s"] <= max(figures), f"{where}.startup_s is not within its runs'")
+        if "within_goal" in startup:
+            c.that(startup["within_goal"] is (startup["startup_s"] <= 1.0), f"{where}.within_goal does not follow "
+                   "its figure (goal: at most 1.0 s)")
 
 
 def _check_cli_wall(c: Checker, startup: dict[str, Any]) -> None:
@@ -251,9 +265,12 @@ def _check_cli_wall(c: Checker, startup: dict[str, Any]) -> None:
         c.that(probe.get("changed") == 0, f"{where}: a steady-state sweep changed {probe.get('changed')} rows")
         c.that(probe.get("cli_wall_s", 0) > probe.get("engine_duration_s", 0) > 0,
                f"{where}: the CLI wall time must exceed the engine's duration_s")
-    queue = startup.get("cli_queue")
+    for key in ("cli_queue", "cli_queue_launcher"):
+        _check_cli_queue(c, startup.get(key), f"startup.{key}")
+
+
+def _check_cli_queue(c: Checker, queue: dict[str, Any] | None, where: str) -> None:
     if queue:
-        where = "startup.cli_queue"
         c.that(queue.get("done") == queue.get("payments"), f"{where}: {queue.get('done')} of "
                f"{queue.get('payments')} payments DONE")
         if c.positive(queue, "cli_wall_per_s", where) and c.positive(queue, "floor_per_s", where):

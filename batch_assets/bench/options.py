@@ -22,7 +22,7 @@ MIN_SMALL_ROWS = 1_000
 MIN_NAIVE_SAMPLE = 500
 MIN_QUEUE_PAYMENTS, MAX_QUEUE_PAYMENTS = 100, 5_000_000
 MAX_WORKERS = 32
-STARTUP_RUNS = 2
+STARTUP_RUNS = 4
 """CLI runs that measure Dagster run start-up: the first on a fresh instance, the next on a warm one."""
 
 SECTIONS = ("references", "sweep", "declared", "plans", "startup", "queue", "outbox", "rss")

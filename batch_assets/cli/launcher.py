@@ -116,8 +116,8 @@ def run_through_launcher(argv: Sequence[str]) -> int | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        request = {"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd(), **_interpreter()}
         try:
+            request = {"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd(), **_interpreter()}
             sock.connect(path)
             _send(sock, request, fds=(0, 1, 2))
             frames = _Frames(sock)
@@ -201,6 +201,18 @@ RUN_MODULES = (
 """What a job command imports while its run starts, besides its job's module (Dagster imports them lazily)."""
 
 
+def _reap(_signum: int, _frame: Any) -> None:
+    """Every command process that ended is reaped at once: a zombie would still look alive to the watchdog (and
+    to `locking.owner.provably_dead`) until someone waited for it."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def preload() -> list[str]:
     """Import what the commands import, with the collector off, and move it out of the collector's reach
     (cli/startup.py): the CLI's every command group, every product job's module, the instance's storage and the
@@ -265,6 +277,7 @@ def serve(path: str) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGCHLD, _reap)
     started = time.perf_counter()
     preload()
     if threading.active_count() != 1:  # a fork copies only the forking thread: no other may hold a lock
@@ -352,16 +365,10 @@ def _serve_one(listener: socket.socket, conn: socket.socket, sources: dict[str, 
         if request is None or len(frames.fds) != 3 or reason:
             _send(conn, {"refused": reason or "no request"})
             return
-        middle = os.fork()
-        if middle == 0:  # the middle process forks the command's process and ends: that one has no parent to reap it
-            try:
-                pid = os.fork()
-                if pid == 0:
-                    _command_process(listener, conn, frames, request)
-                _note(f"launcher: pid {pid} runs `{' '.join(request['argv'][:2])}`")
-            finally:
-                os._exit(0)
-        os.waitpid(middle, 0)
+        pid = os.fork()
+        if pid == 0:
+            _command_process(listener, conn, frames, request)  # never returns
+        _note(f"launcher: pid {pid} runs `{' '.join(request['argv'][:2])}`")
     finally:
         for fd in frames.fds:
             os.close(fd)
@@ -374,7 +381,7 @@ def _command_process(listener: socket.socket, conn: socket.socket, frames: _Fram
     finished = threading.Event()
     try:
         listener.close()
-        for signum in FORWARDED_SIGNALS:
+        for signum in (*FORWARDED_SIGNALS, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)  # the command installs its own, as a fresh process has none
         os.setsid()  # its own process group: killed as a whole when the client dies
         for target, fd in zip((0, 1, 2), frames.fds, strict=True):

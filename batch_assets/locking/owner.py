@@ -32,9 +32,13 @@ def _pid_namespace() -> int:
 
 
 def _start_of(pid: int) -> int | None:
-    """The process's start time in centiseconds since the epoch, or None when there is no such process."""
+    """The process's start time in centiseconds since the epoch, or None when there is no such process (or only
+    its zombie, which its parent has not reaped yet)."""
     try:
-        return round(psutil.Process(pid).create_time() * 100)
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # it ended, and runs nothing, holds nothing: only unreaped
+            return None
+        return round(process.create_time() * 100)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
 

@@ -4,7 +4,10 @@ at once; any holder that cannot be proven dead is left to expire."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
+import psutil
 import pytest
 import sqlalchemy as sa
 
@@ -27,6 +30,26 @@ def test_the_rule_judges_only_this_hosts_processes(dead_owner: str) -> None:
     # A pid reused by another process (different start time) is not the holder.
     me = parse_owner(make_owner("me"))
     assert provably_dead(f"r@{me.host}:{os.getpid()}:s{me.start + 500}:n{me.pid_namespace}")
+
+
+def test_a_holder_that_ended_but_was_not_reaped_yet_is_dead() -> None:
+    """A zombie (its parent has not waited for it) runs nothing and holds nothing: dead, as soon as it ended."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; print(1, flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()
+        me = parse_owner(make_owner("me"))
+        start = round(psutil.Process(child.pid).create_time() * 100)
+        holder = f"r@{me.host}:{child.pid}:s{start}:n{me.pid_namespace}"
+        assert me is not None and not provably_dead(holder)
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # it has ended; left unreaped (a zombie)
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+        assert provably_dead(holder)
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
 
 
 def test_postgres_lock_is_taken_over_from_a_dead_holder_only(engine: sa.Engine, dead_owner: str) -> None:

@@ -184,3 +184,58 @@ def test_signals_reach_the_command_and_a_killed_client_takes_it_down(cli_env: di
                 kill_session(worker)
         assert served.popen.poll() is None
         assert len(served.served()) == 2
+
+
+def test_a_sweep_whose_client_is_killed_is_a_dead_run_and_the_next_run_resumes(
+        cli_env: dict[str, str], engine: sa.Engine, cipher: DobCipher, db_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of a sweep's client mid-range: the forked run worker dies with it (reaped by the launcher, so no
+    zombie looks alive), the watchdog's tick fails the run, and the next run through the launcher resumes from the
+    checkpoints and computes every row."""
+    from helpers import sensor_resources
+
+    from batch_assets.definitions import defs as load_defs
+
+    for name, value in cli_env.items():
+        if name.startswith("BATCH_ASSETS_"):
+            monkeypatch.setenv(name, value)
+    home = Path(cli_env["BATCH_ASSETS_HOME"]) / "dagster_home"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    run_date = date.today()
+    rows = seed_customers(engine, cipher, 40_000, run_date=run_date, bad_fraction=0.0, seed=13).rows
+    args = ["sweep", "customer-status", "--mode", "full", "--run-date", run_date.isoformat(), "--page-size", "200",
+            "--workers", "1"]
+    with launcher(cli_env) as served:
+        sweep = subprocess.Popen([sys.executable, "-m", "batch_assets.cli", *args],
+                                 env={**cli_env, "BATCH_ASSETS_LAUNCHER": served.socket}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            wait_for(lambda: _scalar(engine, "SELECT count(*) FROM outbox_events") >= 2000 or sweep.poll() is not None,
+                     timeout=120, what="the sweep to have written part of the table")
+            assert sweep.poll() is None, sweep.communicate()[1][-2000:]
+            [(pid, _)] = served.served()
+            sweep.kill()
+            sweep.communicate(timeout=60)
+            wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=30, what="the run worker to die, reaped")
+        finally:
+            kill_session(sweep)
+        written = _scalar(engine, "SELECT count(*) FROM outbox_events")
+        assert 2000 <= written < rows
+
+        defs = load_defs()
+        with dg.DagsterInstance.from_config(str(home)) as instance, dg.build_sensor_context(
+                instance=instance, resources=sensor_resources(db_url)) as context:
+            result = defs.resolve_sensor_def("dead_run_watchdog_sensor").evaluate_tick(context)
+            assert "dead run(s) marked failed" in (result.skip_message or ""), result.skip_message
+        again = client(cli_env, served.socket, *args)
+        assert again.returncode == 0, again.stderr[-2000:]
+        summary = summary_of(again.stdout)
+        assert summary["status"] == "SUCCESS" and summary["resumed_from"] is not None, summary
+        assert summary["scanned"] < rows
+    assert _scalar(engine, "SELECT count(*) FROM customers WHERE next_review_date IS NULL") == 0
+    assert _scalar(engine, "SELECT count(*) FROM outbox_events") == rows
+
+
+def _scalar(engine: sa.Engine, sql: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(sql)).scalar_one())
