@@ -7,6 +7,7 @@ bench never touches real data.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,8 +23,14 @@ WRITTEN_TABLES = ("customers", "outbox_events", "review_triggers")
 
 
 def scratch_name() -> str:
-    """A fresh scratch database name: a fixed prefix and hex digits, never input."""
-    return f"{SCRATCH_PREFIX}{uuid.uuid4().hex[:8]}"
+    """A fresh scratch database name: a fixed prefix, this process's id and hex digits, never input (the id tells
+    the scratch databases of one bench run from another's on the same server: `scratch_prefix_of`)."""
+    return f"{scratch_prefix_of(os.getpid())}{uuid.uuid4().hex[:8]}"
+
+
+def scratch_prefix_of(pid: int) -> str:
+    """The prefix of every scratch database the bench running as process `pid` creates."""
+    return f"{SCRATCH_PREFIX}p{pid}_"
 
 
 @contextmanager

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from helpers import kill_session
 
 from batch_assets.bench import check, plans, queue, references, render
+from batch_assets.bench.scratch import scratch_prefix_of
 from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
 from batch_assets.domains.customer_status.seed import seed_customers
 
@@ -32,11 +34,13 @@ def _bench_env(server_url: str, home: Path) -> dict[str, str]:
     return env
 
 
-def _scratch_databases(server_url: str) -> set[str]:
-    """The bench scratch databases on the server now (another test process's bench may have its own)."""
+def _scratch_databases(server_url: str, pid: int) -> set[str]:
+    """The scratch databases on the server now of the bench that ran as process `pid` (another test process's
+    bench has its own, named after its own process)."""
     engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
     with engine.connect() as conn:
-        names = conn.execute(sa.text("SELECT datname FROM pg_database WHERE datname LIKE 'ba_bench_%'")).scalars()
+        names = conn.execute(sa.text("SELECT datname FROM pg_database WHERE starts_with(datname, :prefix)"),
+                             {"prefix": scratch_prefix_of(pid)}).scalars()
         left = set(names)
     engine.dispose()
     return left
@@ -46,16 +50,20 @@ def _scratch_databases(server_url: str) -> set[str]:
 def bench_run(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One small --quick bench run for the whole module: its report, output folder, stdout and stderr."""
     out = tmp_path_factory.mktemp("bench")
-    before = _scratch_databases(server_url)
-    result = subprocess.run(
+    bench = subprocess.Popen(
         [sys.executable, "-m", "batch_assets.cli", "bench", "--quick", "--rows", str(ROWS),
          "--small-rows", str(SMALL_ROWS), "--naive-sample", str(NAIVE_SAMPLE), "--queue-payments", "200",
          "--run-date", RUN_DATE.isoformat(), "--output-dir", str(out)],
-        env=_bench_env(server_url, out / "home"), capture_output=True, text=True, timeout=900,
+        env=_bench_env(server_url, out / "home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return {"dir": out, "report": json.loads((out / "latest.json").read_text()), "stdout": result.stdout,
-            "stderr": result.stderr, "scratch_before": before}
+    try:
+        stdout, stderr = bench.communicate(timeout=900)
+    finally:
+        kill_session(bench)
+    assert bench.returncode == 0, stderr[-3000:]
+    return {"dir": out, "report": json.loads((out / "latest.json").read_text()), "stdout": stdout,
+            "stderr": stderr, "pid": bench.pid}
 
 
 def _checker(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -105,7 +113,7 @@ def test_quick_bench_writes_a_complete_report_table_and_charts(bench_run: dict[s
         for key in ("cli_queue", "cli_queue_launcher"):
             assert report["startup"][key]["done"] == report["startup"][key]["payments"] == 200
     assert report["checks"]["peak_rss"]["small"]["rows"] == SMALL_ROWS
-    assert not _scratch_databases(server_url) - bench_run["scratch_before"]  # none of this run's is left
+    assert _scratch_databases(server_url, bench_run["pid"]) == set()  # none of this run's is left
 
 
 @pytest.mark.slow
