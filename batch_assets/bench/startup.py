@@ -68,7 +68,7 @@ def _cli_runs(argvs: list[list[str]], env: dict[str, str]) -> list[tuple[float, 
     """Start `batch-assets ARGV` for each ARGV at once; (wall seconds since they all started, JSON summary) each.
     Every process runs in its own session and is killed (its group) if it outlives the timeout. With a launcher
     in `env`, a command it did not serve (the client ran it itself) is an error: its figure would be mislabelled."""
-    from batch_assets.cli.launcher import LAUNCHER_VAR
+    from batch_assets.settings import LAUNCHER_VAR
 
     started = time.perf_counter()
     procs = [subprocess.Popen(
@@ -114,7 +114,7 @@ def _warm_cli_home(url: str, key_text: str, run_date: date, *, launcher: bool = 
 def running_launcher(env: dict[str, str]) -> Iterator[dict[str, str]]:
     """`batch-assets launcher` for `env`, in its own session, until the block ends (then SIGTERM, and SIGKILL to
     its group if it outlives the timeout): `env` with BATCH_ASSETS_LAUNCHER naming its socket."""
-    from batch_assets.cli.launcher import LAUNCHER_VAR
+    from batch_assets.settings import LAUNCHER_VAR
 
     # A short directory of its own: a Unix socket's path is limited to 107 bytes.
     with tempfile.TemporaryDirectory(prefix="ba_bench_launcher_", dir="/tmp") as folder:

@@ -39,8 +39,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-LAUNCHER_VAR = "BATCH_ASSETS_LAUNCHER"
-"""The launcher's socket path: the client uses the launcher when it is set (and not empty)."""
+from batch_assets.settings import LAUNCHER_VAR
+
 HANDSHAKE_TIMEOUT_S = 5.0
 """The client waits this long for the launcher to start its command before it runs the command itself."""
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
