@@ -82,6 +82,14 @@ def kill_session(popen: subprocess.Popen[Any]) -> None:
         popen.wait(timeout=30)
 
 
+def scalar(engine: Any, query: str, **params: Any) -> Any:
+    """The first column of the first row of `query` (SQL text, bound `params`), on a connection of its own."""
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
+        return conn.execute(sa.text(query), params).scalar()
+
+
 # --- a resident payment worker in a process of its own (tests of the queue) -------------------------
 
 REPO = Path(__file__).resolve().parent.parent

@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from batch_assets.cli.output import err
 from batch_assets.settings import LAUNCHER_VAR
 
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -123,12 +124,12 @@ def run_through_launcher(argv: Sequence[str]) -> int | None:
             frames = _Frames(sock)
             reply = frames.read()
         except (OSError, ValueError) as exc:
-            _note(f"launcher at {path} not reached ({exc.strerror or exc if isinstance(exc, OSError) else exc}): "
+            err(f"launcher at {path} not reached ({exc.strerror or exc if isinstance(exc, OSError) else exc}): "
                   "running in this process")
             return None
         if reply is None or "pid" not in reply:
             reason = (reply or {}).get("refused") or "it closed the connection"
-            _note(f"launcher at {path} did not take the command ({reason}): running in this process")
+            err(f"launcher at {path} did not take the command ({reason}): running in this process")
             return None
         sock.settimeout(None)
         return _wait_for(sock, frames, int(reply["pid"]), argv)
@@ -152,7 +153,7 @@ def _wait_for(sock: socket.socket, frames: _Frames, pid: int, argv: Sequence[str
         message = None
     if message is not None and "exit" in message:
         return int(message["exit"])
-    from batch_assets.cli.output import emit, empty_summary, err, looks_like_job
+    from batch_assets.cli.output import emit, empty_summary, looks_like_job
     from batch_assets.errors import EXIT_FAILED
 
     error = f"the command's process (pid {pid}, forked by the launcher) ended without an exit code"
@@ -160,10 +161,6 @@ def _wait_for(sock: socket.socket, frames: _Frames, pid: int, argv: Sequence[str
     if looks_like_job(argv):
         emit(empty_summary("FAILURE", error=error))
     return EXIT_FAILED
-
-
-def _note(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # -- the launcher: `batch-assets launcher` ----------------------------------------------------------------------------
@@ -213,13 +210,12 @@ def _reap(_signum: int, _frame: Any) -> None:
             return
 
 
-def preload() -> list[str]:
+def preload() -> None:
     """Import what the commands import, with the collector off, and move it out of the collector's reach
     (cli/startup.py): the CLI's every command group, every product job's module, the instance's storage and the
-    run's execution. Returns the modules imported."""
+    run's execution."""
     import importlib
 
-    before = set(sys.modules)
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -245,7 +241,6 @@ def preload() -> list[str]:
         gc.freeze()
         if enabled:
             gc.enable()
-    return sorted(set(sys.modules) - before)
 
 
 def _sources() -> dict[str, float]:
@@ -286,18 +281,18 @@ def serve(path: str) -> int:
     sources = _sources()
     listener = _listen(path)
     try:
-        _note(f"launcher: ready on {path} (pid {os.getpid()}, {len(sources)} modules imported in "
+        err(f"launcher: ready on {path} (pid {os.getpid()}, {len(sources)} modules imported in "
               f"{time.perf_counter() - started:.2f}s)")
         while True:
             conn, _ = listener.accept()
             try:
                 _serve_one(listener, conn, sources)
             except (OSError, ValueError) as exc:
-                _note(f"launcher: a request failed: {exc}")
+                err(f"launcher: a request failed: {exc}")
             finally:
                 conn.close()
     except _Stop:
-        _note("launcher: stopped (commands it started go on)")
+        err("launcher: stopped (commands it started go on)")
         return 0
     finally:
         listener.close()
@@ -368,7 +363,7 @@ def _serve_one(listener: socket.socket, conn: socket.socket, sources: dict[str, 
         pid = os.fork()
         if pid == 0:
             _command_process(listener, conn, frames, request)  # never returns
-        _note(f"launcher: pid {pid} runs `{' '.join(request['argv'][:2])}`")
+        err(f"launcher: pid {pid} runs `{' '.join(request['argv'][:2])}`")
     finally:
         for fd in frames.fds:
             os.close(fd)

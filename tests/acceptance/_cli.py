@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from helpers import kill_session
+from helpers import scalar as scalar  # the acceptance tests' one-value query, re-exported
 from helpers import wait_for as wait_for  # the acceptance tests' poll, re-exported
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,11 +138,6 @@ class CliProcess:
 
 
 # --- the database ----------------------------------------------------------------------------------
-
-
-def scalar(engine: sa.Engine, query: str, **params: Any) -> Any:
-    with engine.connect() as conn:
-        return conn.execute(sa.text(query), params).scalar()
 
 
 def rows(engine: sa.Engine, query: str, **params: Any) -> list[sa.Row]:

@@ -23,16 +23,18 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import sqlalchemy as sa
-from helpers import kill_session, wait_for
+from helpers import kill_session, scalar, wait_for
 
 from batch_assets.crypto import DobCipher
 from batch_assets.domains.customer_status.seed import seed_customers
 from batch_assets.domains.payments.seed import seed_payments
 from batch_assets.orchestration.watchdog import PROCESS_TAG
+from faults.hosts import process_alive
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 
 NOOP_HANDLER = "batch_assets.domains.payments.noop:handle"
+UNSETTLED = "SELECT count(*) FROM payments WHERE status <> 'DONE'"
 RUNS_LINE = re.compile(r"launcher: pid (\d+) runs `([^`]*)`")
 
 
@@ -82,20 +84,6 @@ def run_tags(home: Path, run_id: str) -> dict[str, str]:
         run = instance.get_run_by_id(run_id)
         assert run is not None
         return dict(run.tags)
-
-
-def gone(pid: int) -> bool:
-    """The process ended (a zombie waiting for the init process to reap it counts: it runs nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-def _unsettled(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT count(*) FROM payments WHERE status <> 'DONE'")).scalar_one())
 
 
 def test_a_command_the_launcher_forks_is_the_cli_command(cli_env: dict[str, str], engine: sa.Engine,
@@ -164,7 +152,7 @@ def test_signals_reach_the_command_and_a_killed_client_takes_it_down(cli_env: di
                                       stderr=subprocess.PIPE, text=True, start_new_session=True)
             try:
                 # Once the payment is DONE the worker's run is under way, its signal handlers installed.
-                wait_for(lambda w=worker: _unsettled(engine) == 0 or w.poll() is not None, timeout=120,
+                wait_for(lambda w=worker: scalar(engine, UNSETTLED) == 0 or w.poll() is not None, timeout=120,
                          what="the worker to settle its payment")
                 assert worker.poll() is None, worker.communicate()[1][-2000:]
                 [(pid, command)] = served.served()[-1:]
@@ -175,11 +163,12 @@ def test_signals_reach_the_command_and_a_killed_client_takes_it_down(cli_env: di
                     assert worker.returncode == 0, err[-2000:]
                     summary = summary_of(out)
                     assert summary["status"] == "SUCCESS" and summary["changed"] == 1, summary
-                    wait_for(lambda pid=pid: gone(pid), timeout=30, what="the forked worker to end")
+                    wait_for(lambda pid=pid: not process_alive(pid), timeout=30, what="the forked worker to end")
                 else:
                     worker.kill()
                     worker.communicate(timeout=30)  # its stdout ends when the forked worker, which holds it too, dies
-                    wait_for(lambda pid=pid: gone(pid), timeout=30, what="the forked worker to die with its client")
+                    wait_for(lambda pid=pid: not process_alive(pid), timeout=30,
+                             what="the forked worker to die with its client")
             finally:
                 kill_session(worker)
         assert served.popen.poll() is None
@@ -210,7 +199,7 @@ def test_a_sweep_whose_client_is_killed_is_a_dead_run_and_the_next_run_resumes(
                                  env={**cli_env, "BATCH_ASSETS_LAUNCHER": served.socket}, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            wait_for(lambda: _scalar(engine, "SELECT count(*) FROM outbox_events") >= 2000 or sweep.poll() is not None,
+            wait_for(lambda: scalar(engine, "SELECT count(*) FROM outbox_events") >= 2000 or sweep.poll() is not None,
                      timeout=120, what="the sweep to have written part of the table")
             assert sweep.poll() is None, sweep.communicate()[1][-2000:]
             [(pid, _)] = served.served()
@@ -219,7 +208,7 @@ def test_a_sweep_whose_client_is_killed_is_a_dead_run_and_the_next_run_resumes(
             wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=30, what="the run worker to die, reaped")
         finally:
             kill_session(sweep)
-        written = _scalar(engine, "SELECT count(*) FROM outbox_events")
+        written = scalar(engine, "SELECT count(*) FROM outbox_events")
         assert 2000 <= written < rows
 
         defs = load_defs()
@@ -232,10 +221,6 @@ def test_a_sweep_whose_client_is_killed_is_a_dead_run_and_the_next_run_resumes(
         summary = summary_of(again.stdout)
         assert summary["status"] == "SUCCESS" and summary["resumed_from"] is not None, summary
         assert summary["scanned"] < rows
-    assert _scalar(engine, "SELECT count(*) FROM customers WHERE next_review_date IS NULL") == 0
-    assert _scalar(engine, "SELECT count(*) FROM outbox_events") == rows
+    assert scalar(engine, "SELECT count(*) FROM customers WHERE next_review_date IS NULL") == 0
+    assert scalar(engine, "SELECT count(*) FROM outbox_events") == rows
 
-
-def _scalar(engine: sa.Engine, sql: str) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text(sql)).scalar_one())
