@@ -87,7 +87,9 @@ class RunGuard:
     @property
     def lost_reason(self) -> str | None:
         if self.heartbeat.lost_reason is None and self.heartbeat.overdue:
-            return f"not renewed for {self.heartbeat.grace_s:.0f} s (renewals late or failing)"
+            failure = self.heartbeat.last_failure  # the renewals failing names why, whoever saw the grace pass first
+            late = f"not renewed for {self.heartbeat.grace_s:.0f} s"
+            return f"{failure} ({late})" if failure else f"{late} (renewals late or failing)"
         return self.heartbeat.lost_reason
 
     @property

@@ -57,6 +57,8 @@ class Heartbeat:
         self.on_lost = on_lost
         self.lost = threading.Event()
         self.lost_reason: str | None = None
+        self.last_failure: str | None = None
+        """Why the last round failed, while the rounds since the last success failed (None once one renews)."""
         self.beats_done = 0
         self.grace_s = max(0.0, float(grace_s))
         self.last_ok = time.monotonic()
@@ -91,10 +93,12 @@ class Heartbeat:
             reason, raised = self._beat_once()
             if reason is None:
                 self.last_ok = started
+                self.last_failure = None
                 self.beats_done += 1
                 # Due one interval after this round's start: a slow round does not delay the next one.
                 wait = max(0.0, started + self.interval_s - time.monotonic())
                 continue
+            self.last_failure = reason
             left = self.grace_s - (time.monotonic() - self.last_ok)
             if not raised or left <= 0:
                 self._lose(reason)
