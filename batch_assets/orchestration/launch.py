@@ -184,7 +184,7 @@ def launch_job(
                 name="batch-assets-run",
             )
         except dg.DagsterInvalidConfigError as exc:
-            raise ConfigError(first_line(str(exc)), field="run_config") from None
+            raise ConfigError(config_error_text(exc), field="run_config") from None
         except Exception as exc:  # the run started (or not) and its execution broke: report it, with its id
             launched = _crashed_launch(instance, launch_id, exc)
         else:
@@ -215,6 +215,31 @@ def workspace_job_origin(job_name: str) -> Any:
     return RemoteJobOrigin(repository_origin=RemoteRepositoryOrigin(location, REPOSITORY_NAME), job_name=job_name)
 
 
+def config_error_text(exc: dg.DagsterInvalidConfigError) -> str:
+    """Dagster's first line ("Error in config for job X") and what each error says, on one line.
+
+    The run config holds op fields and EnvVar names (resource values are bound by name), so the errors name
+    paths and variables, never a resolved value."""
+    details = "; ".join(first_line(error.message) for error in getattr(exc, "errors", ()) or ())
+    head = first_line(str(exc))
+    return f"{head}: {details}" if details else head
+
+
+def reconstructable_job(job_name: str) -> Any:
+    """The reconstructable job `get_job(job_name)`, its definition built from this process's environment now.
+
+    Dagster caches `ReconstructableJob.get_definition()` and `get_repository_definition()` (`lru_cache`s keyed
+    by module, function and args, not by the environment), so a second launch of the same job in one process would
+    reuse the first one's resources: a variable bound by EnvVar then (BATCH_ASSETS_LIMITS_URL,
+    BATCH_ASSETS_PAYMENT_HANDLER) and unset since fails the run's config ("Error in config for job"), and one set
+    since is ignored. Both caches are cleared before each launch.
+    """
+    recon = dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(job_name,))
+    type(recon).get_definition.cache_clear()
+    type(recon).get_repository_definition.cache_clear()
+    return recon
+
+
 def execute_in_code_location(
     job_name: str, instance: dg.DagsterInstance, *, run_config: Mapping[str, Any], tags: Mapping[str, str]
 ) -> Any:
@@ -225,7 +250,7 @@ def execute_in_code_location(
     """
     from dagster._core.execution.api import execute_run
 
-    recon = dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(job_name,))
+    recon = reconstructable_job(job_name)
     job_def = recon.get_definition()
     run = instance.create_run_for_job(
         job_def=job_def,
@@ -250,7 +275,7 @@ def reexecute_in_code_location(
     from dagster._core.execution.api import create_execution_plan, execute_run
     from dagster._core.execution.plan.state import KnownExecutionState
 
-    recon = dg.build_reconstructable_job(__name__, "get_job", reconstructable_args=(parent.job_name,))
+    recon = reconstructable_job(parent.job_name)
     job_def = recon.get_definition()
     step_keys, known_state = KnownExecutionState.build_resume_retry_reexecution(instance=instance, parent_run=parent)
     plan = create_execution_plan(recon, run_config, step_keys_to_execute=step_keys, known_state=known_state,

@@ -72,3 +72,27 @@ def test_the_handler_is_a_resource_bound_by_env_var(dagster_env: Settings, monke
     unset = load_defs().resources["payment_handler"]  # type: ignore[index]
     assert unset.plugin is None and unset.limits_url is None
     assert isinstance(unset.handler(QueueSettings()), SimulatedHandler)
+
+
+def test_a_second_launch_in_one_process_follows_the_environment_of_its_own_time(
+    dagster_env: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two launches of one job in one process: the second binds the resources of the environment it starts in.
+
+    Dagster caches a reconstructable job's definition by module, function and args; without the launch clearing
+    it, the second run reused the first one's EnvVar binding of BATCH_ASSETS_PAYMENT_HANDLER, unset since, and was
+    refused with "Error in config for job payment_queue_drain_job" (the gate saw it when test_one_view followed this
+    file in one process)."""
+    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.domains.payments.noop:handle")
+    queue.enqueue(engine, 3, seed=43)
+    first = launch_job("payment_queue_drain_job", QueueDrainConfig(drain=True, max_seconds=30), settings=dagster_env)
+    assert first.dagster_status == "SUCCESS" and first.summary["changed"] == 3, first.summary
+    monkeypatch.delenv("BATCH_ASSETS_PAYMENT_HANDLER")
+    queue.enqueue(engine, 2, seed=44)
+    second = launch_job("payment_queue_drain_job", QueueDrainConfig(drain=True, max_seconds=30), settings=dagster_env)
+    assert second.dagster_status == "SUCCESS" and second.summary["changed"] == 2, second.summary
+    # ...and a variable set since the first launch is bound by the next one: an unimportable handler fails it.
+    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "ba_no_such_module_xyz:handle")
+    queue.enqueue(engine, 1, seed=45)
+    third = launch_job("payment_queue_drain_job", QueueDrainConfig(drain=True, max_seconds=30), settings=dagster_env)
+    assert third.dagster_status == "FAILURE" and "BATCH_ASSETS_PAYMENT_HANDLER" in str(third.summary.get("error"))
