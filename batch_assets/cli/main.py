@@ -23,6 +23,7 @@ from batch_assets.errors import (
     EXIT_FAILED,
     EXIT_SKIPPED,
     BatchAssetsError,
+    ConfigError,
     first_line,
 )
 from batch_assets.orchestration.instance_home import write_instance_config
@@ -77,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             emit(empty_summary("FAILURE", error="interrupted"))
         return EXIT_FAILED
     except Exception as exc:  # a defect: one line (no secrets: no locals, no values), JSON for job commands
+        refusal = None if func in JOB_COMMANDS else unmigrated(exc)
+        if refusal is not None:  # not a defect: a table `db migrate` creates is missing (a job is refused earlier)
+            err(f"error: {refusal}")
+            return refusal.exit_code
         err(f"error: unexpected {type(exc).__name__}: {first_line(str(exc))}")
         if func in JOB_COMMANDS:
             emit(empty_summary("FAILURE", error=f"unexpected {type(exc).__name__}"))
@@ -84,3 +89,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         resume_collector()
 
+
+def unmigrated(exc: BaseException) -> ConfigError | None:
+    """The ConfigError to show instead of `exc` when `exc` is "relation ... does not exist" on a database with
+    migrations pending (`db migrate` not run): it names them and the command. None for anything else."""
+    from batch_assets.db.engine import one_off_engine
+    from batch_assets.db.migrate import is_undefined_table, require_migrated
+
+    if not is_undefined_table(exc):
+        return None
+    try:
+        with one_off_engine(load_settings()) as engine:
+            require_migrated(engine)
+    except ConfigError as refusal:
+        return refusal
+    except Exception:  # the database is gone now: the original error stands
+        return None
+    return None

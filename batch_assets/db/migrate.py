@@ -13,6 +13,8 @@ from importlib import resources
 
 import sqlalchemy as sa
 
+from batch_assets.errors import ConfigError
+
 # Any constant works; it only has to be the same for every migrating process.
 MIGRATION_LOCK_KEY = 0x62615F6D6967  # "ba_mig"
 _FILE_RE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -88,7 +90,37 @@ def migrate(engine: sa.Engine) -> list[Migration]:
 
 def applied_versions(engine: sa.Engine) -> list[int]:
     with engine.connect() as conn:
-        exists = conn.execute(sa.text("SELECT to_regclass('ba_schema_versions')")).scalar()
-        if not exists:
-            return []
-        return list(conn.execute(sa.text("SELECT version FROM ba_schema_versions ORDER BY version")).scalars())
+        return versions_on(conn)
+
+
+def versions_on(conn: sa.Connection) -> list[int]:
+    """The versions recorded in `ba_schema_versions`, ascending (none when the table is absent)."""
+    if not conn.execute(sa.text("SELECT to_regclass('ba_schema_versions')")).scalar():
+        return []
+    return list(conn.execute(sa.text("SELECT version FROM ba_schema_versions ORDER BY version")).scalars())
+
+
+def pending_migrations(conn: sa.Connection) -> list[Migration]:
+    """The migrations this database has not had (every one when `ba_schema_versions` is absent)."""
+    done = set(versions_on(conn))
+    return [m for m in load_migrations() if m.version not in done]
+
+
+def pending_text(missing: list[Migration]) -> str:
+    """`migrations pending (0001_initial, ...): run `batch-assets db migrate` first`."""
+    return f"migrations pending ({labels(missing)}): run `batch-assets db migrate` first"
+
+
+def require_migrated(engine: sa.Engine) -> None:
+    """Refuse (ConfigError naming `database`, exit 2, nothing written) a database with migrations pending: a
+    command would otherwise fail on its first statement with "relation ... does not exist"."""
+    with engine.connect() as conn:
+        missing = pending_migrations(conn)
+    if missing:
+        raise ConfigError(pending_text(missing), field="database")
+
+
+def is_undefined_table(exc: BaseException) -> bool:
+    """True for PostgreSQL's undefined_table (SQLSTATE 42P01), bare or wrapped by SQLAlchemy."""
+    cause = getattr(exc, "orig", None) or exc
+    return getattr(cause, "sqlstate", None) == "42P01"

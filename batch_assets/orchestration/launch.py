@@ -29,6 +29,7 @@ import sqlalchemy as sa
 
 from batch_assets import run_history
 from batch_assets.db.engine import is_transient, one_off_engine
+from batch_assets.db.migrate import require_migrated
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text, first_line
 from batch_assets.orchestration.budget import check_run_budget, parallel_steps
 from batch_assets.orchestration.config import JobConfig
@@ -170,9 +171,11 @@ def launch_job(
         name, config, executor=executor, max_concurrent=max_concurrent, executor_config=executor_config
     )
     # What the run really opens (its ranges at once under this executor, plus the other jobs) must fit in what the
-    # server has free: otherwise it is refused here, naming the numbers, before anything runs (budget.py).
+    # server has free: otherwise it is refused here, naming the numbers, before anything runs (budget.py). A database
+    # with migrations pending is refused here too, not by a run failing on "relation ... does not exist".
     with one_off_engine(settings) as engine:
         check_run_budget(engine, plan, parallel=parallel_steps(run_config))
+        require_migrated(engine)
     ensure_instance(settings)
     launch_id = uuid.uuid4().hex
     # The process tag lets the dead-run watchdog fail this run at once if this process dies (orchestration.watchdog).

@@ -246,3 +246,36 @@ def test_a_category_name_over_63_characters_is_refused_naming_the_limit(cli_env,
     assert long_name not in result.stderr  # one readable line, not the whole value
     assert scalar(populated, "SELECT count(*) FROM ba_rules") == 0
     ok(cli_env, "rules", "set", "--replace", "--thresholds", f"MINOR=0,{'A' * 63}=18")
+
+
+UNMIGRATED_COMMANDS = [
+    ["rules", "show"],
+    ["seed", "customers", "--rows", "10"],
+    ["queue", "enqueue", "--count", "1"],
+    ["queue", "stats"],
+    ["sweep", "customer-status", "--mode", "delta"],
+    ["subscriptions", "expire"],
+]
+
+
+def test_a_database_never_migrated_is_refused_naming_db_migrate(cli_env, empty_db_url) -> None:
+    """Every command on a database `db migrate` never ran on: exit 2, one line naming the pending migrations and
+    `batch-assets db migrate` (not "unexpected ProgrammingError"), a job's summary FAILURE, no table created; after
+    `db migrate` the same command works."""
+    import sqlalchemy as sa
+
+    env = {**cli_env, "BATCH_ASSETS_DATABASE_URL": empty_db_url}
+    for command in UNMIGRATED_COMMANDS:
+        result = run_cli(env, *command)
+        _assert_usage_error(result, "table" if command[0] == "queue" and command[1] != "enqueue" else "database")
+        last = result.stderr.strip().splitlines()[-1]
+        assert "0001_initial" in last and "batch-assets db migrate" in last and "unexpected" not in last, last
+        if command[0] in ("sweep", "subscriptions"):
+            assert result.summary is not None and result.summary["status"] == "FAILURE", result.describe()
+    engine = sa.create_engine(empty_db_url, poolclass=sa.pool.NullPool)
+    try:
+        assert scalar(engine, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == 0
+        ok(env, "db", "migrate")
+        assert ok(env, "rules", "show")["fingerprint"]
+    finally:
+        engine.dispose()

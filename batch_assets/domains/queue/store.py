@@ -66,7 +66,11 @@ class QueueStore:
         spec, where = self.spec, f"{source}: " if source else ""
         types = self.column_types(conn)
         if not types:
-            raise ConfigError(f"{where}table {spec.table} does not exist", field="table")
+            from batch_assets.db.migrate import pending_migrations, pending_text
+
+            pending = pending_migrations(conn)  # the product's own table (payments) is made by `db migrate`
+            raise ConfigError(f"{where}table {spec.table} does not exist"
+                              + (f"; {pending_text(pending)}" if pending else ""), field="table")
         missing = [c for c in spec.required_columns if c not in types]
         if missing:
             raise ConfigError(f"{where}table {spec.table} lacks column {missing[0]}"
