@@ -179,13 +179,12 @@ class DeclaredSweep(Sweep):
         position = {c.name: i for i, c in enumerate(self.read)}
         self._writes = tuple((name, position[name]) for name in target.writes)
         self._write_set = frozenset(target.writes)
-        # The hot path (per row) in C: the declared columns as a mapping, the stored values of the writes.
+        # The hot path (per row): the declared columns as a dict, the stored values of the writes.
         self._names = tuple(target.columns)
-        given = tuple(position[name] for name in target.columns)
-        # Declared columns that are the row's first ones, in order (the key first): zip reads them as they are.
-        self._given = None if given == tuple(range(len(given))) else _picker(given)
+        self._given = _dict_builder(self._names, tuple(position[name] for name in target.columns))
         self._stored = _picker(tuple(i for _, i in self._writes))
         self._new = _picker(tuple(target.writes))
+        self._n_writes = len(self._write_set)
         by_due = target.due is not None and target.due.name not in target.sensitive
         sql = _statements(target, self.read, by_due)
         self._sql = sql
@@ -203,8 +202,7 @@ class DeclaredSweep(Sweep):
     # Computing -------------------------------------------------------------
 
     def compute(self, row: Any) -> RowOutcome:
-        pick = self._given
-        given = dict(zip(self._names, row if pick is None else pick(row)))  # noqa: B905 — the row may be longer
+        given = self._given(row)
         try:
             result = self._compute(given, self.run_date)
         except RowFailure as failure:
@@ -218,12 +216,21 @@ class DeclaredSweep(Sweep):
         except Exception as exc:  # noqa: BLE001 — the team's function: any defect is counted, systemic
             log.warning("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
-        if not (type(result) is dict or isinstance(result, Mapping)) or result.keys() != self._write_set:
+        # Exactly the writes: a dict of as many keys that has every one of them (the common case, checked by
+        # picking them), else any mapping whose keys are the writes.
+        new = None
+        if type(result) is dict and len(result) == self._n_writes:
+            try:
+                new = self._new(result)
+            except KeyError:
+                new = None
+        elif isinstance(result, Mapping) and result.keys() == self._write_set:
+            new = self._new(result)
+        if new is None:
             got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
             log.warning("sweep %s: compute must return exactly %s, got %s for %s", self.name,
                         sorted(self._write_set), got, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
-        new = self._new(result)
         if new == self._stored(row):
             return UNCHANGED
         return RowOutcome((row, new))
@@ -239,6 +246,16 @@ class DeclaredSweep(Sweep):
             params[f"n{j}"] = [_param(column, o.change[1][j]) for o in changed]
         rows, events, conflicts = conn.execute(self._sql["write"], params).one()
         return WriteCounts(int(rows), int(events), conflicts=int(conflicts))
+
+
+def _dict_builder(names: tuple[str, ...], positions: tuple[int, ...]) -> Callable[[Any], dict[str, Any]]:
+    """`lambda row: {names[0]: row[positions[0]], ...}` as a dict display: about 0.3 µs a row less than
+    `dict(zip(names, row))` (what a declared sweep's steady state spends around the team's function).
+
+    Generated the way `collections.namedtuple` generates its methods: the source holds only `repr()` of each
+    name (a str literal, whatever the name) and integer positions, never a value."""
+    body = ", ".join(f"{name!r}: row[{int(i)}]" for name, i in zip(names, positions, strict=True))
+    return eval(f"lambda row: {{{body}}}", {"__builtins__": {}})  # noqa: S307 — literals only, see above
 
 
 def _picker(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:

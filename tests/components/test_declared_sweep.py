@@ -148,6 +148,16 @@ def test_hostile_functions(accounts: sa.Engine, functions: Path, caplog: pytest.
         def not_a_mapping(row, run_date):
             return ["GOLD", run_date]
 
+        def extra_key(row, run_date):
+            return {"tier": "GOLD", "tier_review_on": run_date, "points": 1}
+
+        def missing_key(row, run_date):
+            return {"tier": "GOLD"}
+
+        def read_only_mapping(row, run_date):  # a Mapping that is not a dict: as good as a dict
+            import types
+            return types.MappingProxyType({"tier": "PROXY", "tier_review_on": run_date})
+
         def bad_kind(row, run_date):
             raise RowFailure("Not A Word!")
 
@@ -157,7 +167,7 @@ def test_hostile_functions(accounts: sa.Engine, functions: Path, caplog: pytest.
             return {"tier": "X", "tier_review_on": run_date}
     """)
     caplog.set_level(logging.DEBUG, logger="batch_assets")
-    for name in ("raises", "wrong_keys", "not_a_mapping", "bad_kind"):
+    for name in ("raises", "wrong_keys", "not_a_mapping", "bad_kind", "extra_key", "missing_key"):
         result = sweep(accounts, component(compute=f"hostile:{name}"), breaker_min_rows=10_000_000)
         assert result.failed_by_type.get("compute_error") == 1000, (name, result.failed_by_type)
         assert result.changed == 0 and result.status == "SUCCESS"
@@ -173,6 +183,8 @@ def test_hostile_functions(accounts: sa.Engine, functions: Path, caplog: pytest.
     assert "compute raised KeyError" in shown, "the failure is logged by its type and row key"
     assert "secret" not in shown, \
         "no value of a sensitive column (nor an exception's text, which may hold one) is logged"
+    proxied = sweep(accounts, component(compute="hostile:read_only_mapping"))
+    assert proxied.status == "SUCCESS" and proxied.changed == 1000 and not any(proxied.failed_by_type.values())
 
 
 def test_integer_and_bigint_keys_and_a_sensitive_due(engine: sa.Engine, functions: Path) -> None:
