@@ -180,8 +180,7 @@ class DeclaredSweep(Sweep):
         self._writes = tuple((name, position[name]) for name in target.writes)
         self._write_set = frozenset(target.writes)
         # The hot path (per row): the declared columns as a dict, the stored values of the writes.
-        self._names = tuple(target.columns)
-        self._given = _dict_builder(self._names, tuple(position[name] for name in target.columns))
+        self._given = _dict_builder(tuple(target.columns), tuple(position[name] for name in target.columns))
         self._stored = _picker(tuple(i for _, i in self._writes))
         self._new = _picker(tuple(target.writes))
         self._n_writes = len(self._write_set)
@@ -222,8 +221,8 @@ class DeclaredSweep(Sweep):
         if type(result) is dict and len(result) == self._n_writes:
             try:
                 new = self._new(result)
-            except KeyError:
-                new = None
+            except KeyError:  # a key that is not a write in place of one that is: not exactly the writes
+                pass
         elif isinstance(result, Mapping) and result.keys() == self._write_set:
             new = self._new(result)
         if new is None:
