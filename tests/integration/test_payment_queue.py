@@ -307,6 +307,46 @@ def test_claim_uses_both_partial_indexes(engine: sa.Engine) -> None:
     assert "'Index Cond': '(claimed_until IS NULL)'" in text, text
 
 
+def _lock_rows_inputs(plan: dict) -> list[dict]:
+    """The node under each LockRows of a JSON plan, in plan order (the claim's fresh branch comes first)."""
+    found = []
+    for child in plan.get("Plans", []):
+        if plan["Node Type"] == "LockRows":
+            found.append(child)
+        found.extend(_lock_rows_inputs(child))
+    return found
+
+
+@pytest.mark.parametrize("statistics", ["none yet", "taken before a burst"])
+def test_a_claim_reads_one_batch_of_the_claim_index_whatever_the_statistics(
+        engine: sa.Engine, statistics: str) -> None:
+    """Another service bulk-inserts due payments the worker claims before any ANALYZE sees them (no statistics),
+    or after one that saw few NEW rows (a burst below autovacuum's threshold). On the worker's connection the
+    claim still walks payments_claim_rank_idx in rank order and reads about one batch, never every due row
+    and a sort of them (130 ms a claim at 100k due, a quadratic drain), and JIT never compiles it."""
+    import psycopg
+
+    from batch_assets.domains.queue.connection import WORKER_OPTIONS, conninfo
+
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE payments SET (autovacuum_enabled = false)"))  # no ANALYZE behind our back
+    if statistics == "taken before a burst":
+        queue.enqueue(engine, 500, seed=12)
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE payments SET status = 'DONE', processed_at = now()"))
+            conn.execute(sa.text("ANALYZE payments"))
+    queue.enqueue(engine, 20_000, seed=13)
+    with psycopg.connect(conninfo(engine), options=WORKER_OPTIONS) as conn:
+        [[plan]] = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + PAYMENTS.sql.claim, {"n": 100, "lease_s": 60.0, "token": uuid.uuid4()},
+        ).fetchone()
+        conn.rollback()  # EXPLAIN ANALYZE ran the claim: give the rows back
+    fresh = _lock_rows_inputs(plan["Plan"])[0]
+    assert (fresh["Node Type"], fresh.get("Index Name")) == ("Index Scan", "payments_claim_rank_idx"), fresh
+    assert fresh["Actual Rows"] <= 200, fresh  # one batch (and the rows skipped), not the 20,000 due
+    assert "JIT" not in plan, plan["JIT"]
+
+
 def test_worker_drains_with_simulated_handler(engine: sa.Engine) -> None:
     """The simulated handler settles every payment (DONE or FAILED) and the summary has the contract keys."""
     queue.enqueue(engine, 120, seed=11)
