@@ -345,6 +345,12 @@ def test_a_claim_reads_one_batch_of_the_claim_index_whatever_the_statistics(
     assert (fresh["Node Type"], fresh.get("Index Name")) == ("Index Scan", "payments_claim_rank_idx"), fresh
     assert fresh["Actual Rows"] <= 200, fresh  # one batch (and the rows skipped), not the 20,000 due
     assert "JIT" not in plan, plan["JIT"]
+    with psycopg.connect(conninfo(engine)) as conn:  # the server's defaults again, as any other connection
+        assert conn.execute("SHOW enable_sort").fetchone() == ("on",)
+    claims = PAYMENTS.claim(engine, 100, lease_s=60)  # a claim through a pooled connection: the same plan
+    assert len(claims) == 100
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW enable_sort").scalar_one() == "on"  # SET LOCAL: only that transaction
 
 
 def test_worker_drains_with_simulated_handler(engine: sa.Engine) -> None:

@@ -43,6 +43,8 @@ a declared table without a claim index still works, sorted). It makes those plan
 which would start JIT compilation (200 ms per statement), hence `jit=off`: no statement of this connection
 runs long enough to gain from JIT. The result and renewal statements are primary-key lookups, unaffected.
 """
+CLAIM_PLAN_LOCAL = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
+"""CLAIM_PLAN_OPTIONS for the rest of one transaction (a claim through a pooled connection, `QueueStore.claim`)."""
 WORKER_OPTIONS = f"-c synchronous_commit=off -c plan_cache_mode=force_custom_plan {CLAIM_PLAN_OPTIONS}"
 """The server settings of the claim/flush connection (libpq `options`):
 - `synchronous_commit=off`: a committed result or claim lost in a database crash only means the row is claimed
