@@ -36,6 +36,10 @@ def test_drain_records_numeric_metadata_on_payment_status(
         assert isinstance(metadata[key], numeric), (key, metadata[key])
     assert metadata["dlq_size"].value == 1 and metadata["breaker_state"].value == 0
     assert metadata["throughput_per_s"].value > 0 and metadata["oldest_due_s"].value == 0
+    # Every status, a zero included, from the same scan as the numbers above (one read of the table per drain).
+    table = metadata["payments_by_status"].value
+    for status, rows in (("DONE", 50), ("FAILED", 1), ("NEW", 1), ("PROCESSING", 0)):
+        assert f"| {status} | {rows} |" in table, table
 
 
 def test_unimportable_plugin_fails_the_run_before_claiming(

@@ -72,6 +72,8 @@ def test_drain_sensor_observes_payment_status_while_idle_without_a_run(
         [observation] = first.asset_events
         assert first.run_requests == [] and observation.asset_key == dg.AssetKey("payment_status")
         assert observation.metadata["payments_done"].value == 2
+        # A status with no row is a 0, not a missing point on the UI's plot of it.
+        assert observation.metadata["payments_new"].value == 0 and observation.metadata["payments_failed"].value == 0
         again = _drain_tick(instance, first.cursor, db_url)
         assert again.asset_events == [] and again.run_requests == []
 

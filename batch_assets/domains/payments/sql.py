@@ -22,8 +22,6 @@ LISTEN_DUE = PAYMENTS.sql.listen
 # STUCK_PAYMENTS_SQL — PROCESSING payments past their claim lease or without one, and the oldest lease (asset check).
 STUCK_PAYMENTS_SQL = sa.text(PAYMENTS.sql.stuck)
 
-# PAYMENTS_BY_STATUS — rows of payments by status (run metadata). No parameters.
-PAYMENTS_BY_STATUS = sa.text(PAYMENTS.sql.by_status)
 
 # COPY_PAYMENTS — bulk insert of new payments (psycopg COPY); other columns take their defaults.
 COPY_PAYMENTS = "COPY payments (id, amount_cents, priority) FROM STDIN"

@@ -224,8 +224,7 @@ SELECT status,
   FROM {t}
  GROUP BY status
 """  # noqa: S608
-        # by_status — rows by status (run metadata).  stuck — lapsed claims and the oldest lease (asset check).
-        self.by_status = f"SELECT status, count(*) AS n FROM {t} GROUP BY status ORDER BY status"  # noqa: S608
+        # stuck — lapsed claims and the oldest lease (asset check).
         self.stuck = (
             f"SELECT count(*), min(claimed_until)::text FROM {t}"  # noqa: S608
             " WHERE status = 'PROCESSING' AND (claimed_until < now() OR claimed_until IS NULL)"
