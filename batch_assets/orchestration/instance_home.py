@@ -191,6 +191,7 @@ INSTANCE_STORAGE_MODULES = (
     "dagster._core.storage.sql",  # Alembic, with which every SQL storage checks its schema
     "dagster._core.storage.sqlite_storage",  # the default storage of the instance file (dagster.yaml)
     "dagster._core.storage.local_compute_log_manager",
+    "batch_assets.orchestration.compute_logs",  # the compute-log manager the instance files name
 )
 """What `DagsterInstance.get()` imports when it builds the instance's storage (Dagster imports them lazily)."""
 
