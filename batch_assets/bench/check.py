@@ -102,7 +102,7 @@ def _present(report: dict[str, Any], section: str) -> bool:
     if section == "rss":
         return bool(checks.get("peak_rss"))
     if section == "startup":  # the queue's CLI drain lives under startup too
-        return bool({k for k in report.get("startup") or {} if k != "cli_queue"})
+        return bool({k for k in report.get("startup") or {} if not k.startswith("cli_queue")})
     return bool(report.get(section))
 
 
@@ -264,7 +264,7 @@ def _check_cli_wall(c: Checker, startup: dict[str, Any]) -> None:
         c.that(probe.get("changed") == 0, f"{where}: a steady-state sweep changed {probe.get('changed')} rows")
         c.that(probe.get("cli_wall_s", 0) > probe.get("engine_duration_s", 0) > 0,
                f"{where}: the CLI wall time must exceed the engine's duration_s")
-    for key in ("cli_queue", "cli_queue_launcher"):
+    for key in ("cli_queue", "cli_queue_launcher", "cli_queue_launcher_seeded"):
         _check_cli_queue(c, startup.get(key), f"startup.{key}")
 
 
@@ -279,6 +279,11 @@ def _check_cli_queue(c: Checker, queue: dict[str, Any] | None, where: str) -> No
                    f"{where}.cli_wall_per_s is not payments / cli_wall_s")
         c.that(queue.get("cli_wall_s", 0) >= queue.get("own_clock_s", 0) > 0,
                f"{where}: the wall time must cover each worker's own clock")
+        if "rows" in queue:  # reports before the probes named their rows judged every probe
+            judged = queue["rows"] == "floor"
+            c.that((queue.get("within_goal") is None) is not judged,
+                   f"{where}.within_goal: judged only on the floor's rows, got {queue.get('within_goal')!r} "
+                   f"for rows {queue['rows']!r}")
 
 
 def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[int],

@@ -232,11 +232,12 @@ def _measure_queue(report: dict[str, Any], options: BenchOptions, url: str, key_
         say(f"  queue: {report['queue']['status']}: {report['queue']['reason']}")
         return
     say(f"  queue through the CLI: {startup.QUEUE_CLI_PROCESSES} `queue work --drain` processes")
-    for key, served in (("cli_queue", False), ("cli_queue_launcher", True)):
+    for key, served, rows in startup.CLI_QUEUE_PROBES:
         report.setdefault("startup", {})[key] = cli_queue = startup.measure_cli_queue(
             url, key_text, run_date, payments=options.queue_payments, floor_per_s=report["queue"]["floor_per_s"],
-            launcher=served)
-        say(f"  {'through the launcher: ' if served else ''}{cli_queue['cli_wall_per_s']:,}/s by wall "
+            launcher=served, rows=rows)
+        say(f"  {'through the launcher: ' if served else ''}{'seed payments rows: ' if rows == 'seed' else ''}"
+            f"{cli_queue['cli_wall_per_s']:,}/s by wall "
             f"({cli_queue['cli_wall_over_floor']}x the raw floor), {cli_queue['own_clock_per_s']:,}/s by the "
             "workers' own clock")
 

@@ -95,6 +95,12 @@ def _sqlalchemy_url(database_url: str) -> str:
     return normalize_url(database_url)
 
 
+def bench_rows(database_url: str) -> _Rows:
+    """The bench's rows on `database_url` (any URL form): what the floor and the product drain, for a probe that
+    must drain the same rows (bench/startup.py's CLI queue probe)."""
+    return _Rows(_conninfo(database_url))
+
+
 class _Rows:
     """The bench's rows: ids `prefix‖counter`, inserted with COPY, deleted by id range."""
 
