@@ -30,28 +30,21 @@ log = logging.getLogger(__name__)
 RECONNECT_FIRST_S = 0.5  # backoff between connection attempts after a transient failure ...
 RECONNECT_MAX_S = 8.0  # ... doubling up to this
 CONNECT_TIMEOUT_S = 10
-CLAIM_PLAN_OPTIONS = "-c enable_sort=off -c jit=off"
-"""Planner settings of the claim/flush connection, so that a claim costs the same with any table statistics.
-
-A claim wants the first rows in rank order: an ordered scan of the claim index that stops after a batch. With
-statistics that undercount the due rows (none yet, right after another service bulk-inserted them; or taken
-when few rows were NEW, where a burst below autovacuum's 10% threshold never triggers a new ANALYZE) the
-planner expects a handful of rows and picks a bitmap scan that reads every due row and sorts them, each
-claim: 130 ms against 1 ms on 100k due payments, a drain three times slower, and quadratic in the backlog.
-`enable_sort=off` leaves a sort only where no ordered path exists (the union's final cut of at most 3n rows;
-a declared table without a claim index still works, sorted). It makes those plans' estimated costs huge,
-which would start JIT compilation (200 ms per statement), hence `jit=off`: no statement of this connection
-runs long enough to gain from JIT. The result and renewal statements are primary-key lookups, unaffected.
-"""
-CLAIM_PLAN_LOCAL = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
-"""CLAIM_PLAN_OPTIONS for the rest of one transaction (a claim through a pooled connection, `QueueStore.claim`)."""
-WORKER_OPTIONS = f"-c synchronous_commit=off -c plan_cache_mode=force_custom_plan {CLAIM_PLAN_OPTIONS}"
+WORKER_OPTIONS = "-c synchronous_commit=off -c plan_cache_mode=force_custom_plan"
 """The server settings of the claim/flush connection (libpq `options`):
 - `synchronous_commit=off`: a committed result or claim lost in a database crash only means the row is claimed
   again after its lease (the handler's idempotency), so commits need not wait for WAL;
 - `plan_cache_mode=force_custom_plan`: generic plans of the prepared claim/result statements cannot see the
-  array sizes and fall back to whole-table joins; custom plans stay on primary-key lookups;
-- CLAIM_PLAN_OPTIONS: the claim walks its claim index in rank order, whatever the statistics say."""
+  array sizes and fall back to whole-table joins; custom plans stay on primary-key lookups.
+
+The claim's plan is left to the planner, which needs the table's statistics: with many rows due it walks the claim
+index in rank order and stops after a batch; with few due among many NEW rows not yet due (retries in backoff,
+payments scheduled later) it reads the due rows from the due index and sorts them. Pinning the walk
+(`enable_sort=off`) was tried and measured: 26 ms a claim against 2.6 ms with 200k payments due in an hour and 50
+due now, since the walk reads every row not yet due. The opposite mistake comes from statistics that undercount the
+due rows (a bulk insert not yet analyzed): 130 ms a claim against 1 ms at 100k due. So a bulk load is followed by
+ANALYZE: the product's own (`seed payments`, `queue enqueue`, `domains.payments.seed.copy_payments`) do it;
+another service's bulk load should too (docs/queue.md)."""
 
 
 def conninfo(engine: sa.Engine) -> str:

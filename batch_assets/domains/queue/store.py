@@ -18,7 +18,6 @@ import psycopg
 import sqlalchemy as sa
 
 from batch_assets.domains.queue.claims import Claim, Result, claims_from_rows, clip, new_token
-from batch_assets.domains.queue.connection import CLAIM_PLAN_LOCAL
 from batch_assets.domains.queue.spec import KEY_TYPES, PRIORITY_TYPES, QueueSpec
 from batch_assets.domains.queue.statements import COLUMN_TYPES, QUEUE_STATE, RECORD_STATE, Statements
 from batch_assets.errors import ConfigError
@@ -101,7 +100,6 @@ class QueueStore:
             return []
         token = new_token()
         with engine.begin() as conn:
-            conn.exec_driver_sql(CLAIM_PLAN_LOCAL)  # the claim index in rank order, as on the worker's connection
             rows = conn.exec_driver_sql(self.sql.claim, {"n": int(n), "lease_s": float(lease_s), "token": token}).all()
         return self.claims(rows, token)
 
