@@ -284,6 +284,9 @@ def _check_cli_queue(c: Checker, queue: dict[str, Any] | None, where: str) -> No
             c.that((queue.get("within_goal") is None) is not judged,
                    f"{where}.within_goal: judged only on the floor's rows, got {queue.get('within_goal')!r} "
                    f"for rows {queue['rows']!r}")
+            if judged and isinstance(queue.get("cli_wall_over_floor"), (int, float)):
+                c.that(queue.get("within_goal") is (queue["cli_wall_over_floor"] >= 0.6 - 0.0005),
+                       f"{where}.within_goal does not follow its ratio")
 
 
 def _check_checks(c: Checker, report: dict[str, Any], rows: int, workers: list[int],

@@ -30,9 +30,10 @@ from dagster._core.storage.local_compute_log_manager import IO_TYPE_EXTENSION, L
 from dagster._serdes import ConfigurableClassData
 from dagster._utils import ensure_file, touch_file
 
-MIRROR_POLL_S = 0.05
-"""How often the mirror looks for new output while the step writes none (the terminal lags the file by at most
-this); output already written is copied at once, a chunk at a time."""
+MIRROR_POLL_S = (0.05, 0.5)
+"""How often the mirror looks for new output while the step writes none: after 0.05 s, doubling up to 0.5 s while
+the step stays quiet (a resident worker's step may run for days), back to 0.05 s once it writes. Output already
+written is copied at once, a chunk at a time."""
 MIRROR_CHUNK = 1 << 16
 FINAL_READ_TIMEOUT_S = 5.0
 """At the end of a capture the mirror copies what is left; a terminal that no longer reads is given up after this."""
@@ -45,7 +46,10 @@ class MirroredComputeLogManager(LocalComputeLogManager):
     def __init__(self, base_dir: str | None = None, polling_timeout: float | None = None,
                  inst_data: ConfigurableClassData | None = None) -> None:
         if not base_dir:
-            base_dir = str(Path(os.environ.get("DAGSTER_HOME") or ".").expanduser() / "storage")
+            home = os.environ.get("DAGSTER_HOME", "").strip()
+            if not home:
+                raise ValueError("MirroredComputeLogManager: set base_dir, or DAGSTER_HOME for its default")
+            base_dir = str(Path(home).expanduser().resolve() / "storage")
         super().__init__(base_dir, polling_timeout=polling_timeout, inst_data=inst_data)
 
     @classmethod
@@ -59,6 +63,10 @@ class MirroredComputeLogManager(LocalComputeLogManager):
 
     @contextmanager
     def capture_logs(self, log_key: Sequence[str]) -> Generator[CapturedLogContext, None, None]:
+        if os.name == "nt":  # Dagster's own way there (its console streams are not descriptors to point elsewhere)
+            with super().capture_logs(log_key) as context:
+                yield context
+            return
         outpath = self.get_captured_local_path(log_key, IO_TYPE_EXTENSION[ComputeIOType.STDOUT])
         errpath = self.get_captured_local_path(log_key, IO_TYPE_EXTENSION[ComputeIOType.STDERR])
         with mirrored(sys.stdout, outpath), mirrored(sys.stderr, errpath):
@@ -84,22 +92,34 @@ def mirrored(stream: IO[Any], path: str) -> Iterator[None]:
         return
     stream.flush()
     original = os.dup(fd)
-    start = os.path.getsize(path)  # a file written before (a step retried in the same run) is not shown again
-    target = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
-        os.dup2(target, fd)
-    finally:
-        os.close(target)
-    mirror = _Mirror(path, start, os.dup(original))
+        start = os.path.getsize(path)  # what the file held before this capture is not shown again
+        target = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            # Started before the descriptor moves: a failure to start it (no thread left, say) leaves the step
+            # writing to the terminal, as a failure to move the descriptor leaves no thread behind.
+            mirror = _Mirror(path, start, os.dup(original))
+            try:
+                os.dup2(target, fd)
+            except BaseException:
+                mirror.finish()
+                raise
+        finally:
+            os.close(target)
+    except BaseException:
+        os.close(original)
+        raise
     try:
         yield
     finally:
         try:
             stream.flush()
         finally:
-            os.dup2(original, fd)
-            os.close(original)
-            mirror.finish()
+            try:
+                os.dup2(original, fd)
+                os.close(original)
+            finally:
+                mirror.finish()
 
 
 class _Mirror:
@@ -109,12 +129,20 @@ class _Mirror:
     reading past FINAL_READ_TIMEOUT_S keeps its descriptor, so the number is never reused under it."""
 
     def __init__(self, path: str, start: int, out: int) -> None:
-        self.source = os.open(path, os.O_RDONLY)
-        os.lseek(self.source, start, os.SEEK_SET)
         self.out = out
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="batch-assets-log-mirror", daemon=True)
-        self.thread.start()
+        try:
+            self.source = os.open(path, os.O_RDONLY)
+            try:
+                os.lseek(self.source, start, os.SEEK_SET)
+                self.done = threading.Event()
+                self.thread = threading.Thread(target=self._run, name="batch-assets-log-mirror", daemon=True)
+                self.thread.start()
+            except BaseException:
+                os.close(self.source)
+                raise
+        except BaseException:
+            os.close(out)
+            raise
 
     def _copy_available(self) -> bool:
         """Copy everything readable now; False once the terminal refused a write (the copying stops, the file
@@ -129,9 +157,16 @@ class _Mirror:
         return True
 
     def _run(self) -> None:
+        first, most = MIRROR_POLL_S
+        wait = first
         try:
-            while self._copy_available() and not self.done.wait(MIRROR_POLL_S):
-                pass
+            while True:
+                position = os.lseek(self.source, 0, os.SEEK_CUR)
+                if not self._copy_available():
+                    break
+                wait = first if os.lseek(self.source, 0, os.SEEK_CUR) != position else min(wait * 2, most)
+                if self.done.wait(wait):
+                    break
             if self.done.is_set():
                 self._copy_available()  # what the step wrote just before its capture ended
         except OSError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import dagster as dg
@@ -71,8 +72,9 @@ def test_a_step_output_reaches_the_ui_files_and_the_terminal_without_helper_proc
 
 def test_the_mirror_copies_everything_written_and_restores_the_descriptor(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    """More than a chunk and more than a pipe holds, written at once, all arrive in order; a second capture into
-    the same file (a retried step) shows only its own output; the descriptor points back at the terminal after."""
+    """More than three chunks written at once all arrive, in order; a second capture into the same file shows only
+    its own output; the descriptor points back at the terminal after, and no mirror thread or descriptor is left."""
+    threads, fds = _mirror_threads(), _open_fds()
     path = str(tmp_path / "step.out")
     fd1 = open(1, "w", closefd=False)  # the descriptor itself (pytest's sys.stdout writes elsewhere)
     big = "".join(f"line {i:06d}\n" for i in range(3 * MIRROR_CHUNK // 12))
@@ -84,10 +86,13 @@ def test_the_mirror_copies_everything_written_and_restores_the_descriptor(
     out, _ = capfd.readouterr()
     assert out == big + "second capture\n" + "after the capture\n"
     assert Path(path).read_text() == big + "second capture\n"
+    assert (_mirror_threads(), _open_fds()) == (threads, fds)
 
 
 def test_a_terminal_that_is_gone_stops_the_mirror_not_the_step(tmp_path: Path) -> None:
-    """With the original stdout a pipe nobody reads any more, the step's writes still land in the file."""
+    """With the original stdout a pipe nobody reads any more, the step's writes still land in the file, and the
+    mirror ends (its thread and descriptors gone) instead of writing on."""
+    threads, fds = _mirror_threads(), _open_fds()
     read_end, write_end = os.pipe()
     os.close(read_end)
     saved = os.dup(1)
@@ -101,3 +106,39 @@ def test_a_terminal_that_is_gone_stops_the_mirror_not_the_step(tmp_path: Path) -
         os.close(saved)
         os.close(write_end)
     assert Path(path).read_text() == "kept in the file\n"
+    assert (_mirror_threads(), _open_fds()) == (threads, fds)
+
+
+def test_a_failure_to_start_the_mirror_leaves_the_descriptor_on_the_terminal(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No thread to be had (a container's process limit): the capture fails, the step's descriptor is not left
+    pointing at the file and nothing leaks."""
+    fds = _open_fds()
+
+    def refuse(_self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(RuntimeError), mirrored(open(1, "w", closefd=False), str(tmp_path / "no.out")):
+        pass
+    monkeypatch.undo()
+    os.write(1, b"still on the terminal\n")
+    assert capfd.readouterr().out == "still on the terminal\n"
+    assert (tmp_path / "no.out").read_text() == "" and _open_fds() == fds
+
+
+def test_an_exception_in_the_step_ends_the_capture_cleanly(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    threads, fds = _mirror_threads(), _open_fds()
+    with pytest.raises(ValueError), mirrored(open(1, "w", closefd=False), str(tmp_path / "raised.out")):
+        os.write(1, b"before the error\n")
+        raise ValueError("the step failed")
+    assert capfd.readouterr().out == "before the error\n"
+    assert (_mirror_threads(), _open_fds()) == (threads, fds)
+
+
+def _mirror_threads() -> int:
+    return sum(t.name == "batch-assets-log-mirror" for t in threading.enumerate())
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))

@@ -67,6 +67,8 @@ def test_drain_sensor_observes_payment_status_while_idle_without_a_run(
     enqueue(engine, 2)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE payments SET status = 'DONE'"))
+        # Another service's status of its own, spelled like one of ours in other letters.
+        conn.execute(sa.text("INSERT INTO payments (id, amount_cents, status) VALUES (gen_random_uuid(), 1, 'new')"))
     with dg.instance_for_test() as instance:
         first = _drain_tick(instance, None, db_url)
         [observation] = first.asset_events
@@ -74,6 +76,7 @@ def test_drain_sensor_observes_payment_status_while_idle_without_a_run(
         assert observation.metadata["payments_done"].value == 2
         # A status with no row is a 0, not a missing point on the UI's plot of it.
         assert observation.metadata["payments_new"].value == 0 and observation.metadata["payments_failed"].value == 0
+        assert observation.metadata["payments_unknown_status"].value == 1  # counted, never as payments_new
         again = _drain_tick(instance, first.cursor, db_url)
         assert again.asset_events == [] and again.run_requests == []
 

@@ -153,6 +153,8 @@ def test_checker_passes_the_run_and_names_a_missing_queue_section(bench_run: dic
         (lambda r: r["sweep"]["delta_0_1pct_due_w4"].update(changed=3), "delta_0_1pct_due_w4 must read and change"),
         (lambda r: r["startup"]["cli_queue_launcher_seeded"].update(within_goal=True),
          "judged only on the floor's rows"),
+        (lambda r: r["startup"]["cli_queue"].update(within_goal=not r["startup"]["cli_queue"]["within_goal"]),
+         "cli_queue.within_goal does not follow its ratio"),
     ],
 )
 def test_checker_finds_an_inconsistent_report(

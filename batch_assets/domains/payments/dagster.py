@@ -20,6 +20,7 @@ from batch_assets.domains.payments.worker import BREAKER_CODES, run_worker
 from batch_assets.domains.queue.dagster import QueueWorkConfig
 from batch_assets.domains.queue.handler import Handler
 from batch_assets.domains.queue.settings import QueueSettings
+from batch_assets.domains.queue.store import STATUSES
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import IN_PROGRESS
 from batch_assets.orchestration.budget import APP_DATABASE_POOL
@@ -156,7 +157,10 @@ def payment_status_metadata(engine: Any) -> dict[str, Any]:
     stats = queue_stats(engine)
     return {"oldest_due_s": float(stats["oldest_due_s"]), "dlq_size": int(stats["dlq_size"]),
             "payments_by_status": status_table(stats),
-            **{f"payments_{k.lower()}": v for k, v in stats["by_status"].items()}}
+            # The four statuses by name; another service's status of its own (say 'new') only in the count of
+            # unknown ones, so it can never overwrite a real count's key.
+            **{f"payments_{k.lower()}": stats["by_status"][k] for k in STATUSES},
+            "payments_unknown_status": int(stats["unknown_status"])}
 
 
 def status_table(stats: dict[str, Any]) -> dg.MetadataValue:
