@@ -183,7 +183,8 @@ def cli_wall_table(startup: dict[str, Any]) -> list[str]:
                      f"{queue['cli_wall_over_floor']:.2f}x the floor's rate | {goal} |")
     for queue in queues:
         via = " through the launcher" if queue.get("launcher") else ""
-        rows = f" (rows: {queue['rows_made_by']})" if queue.get("rows_made_by") else ""
+        rows = {"floor": ", on the floor's rows", "seed": ", on `seed payments` rows (random ids)"}.get(
+            queue.get("rows", ""), "")
         lines += ["", f"The queue workers' own clock{via}{rows}: {rate(queue['own_clock_per_s'], 'payments/s')} "
                   f"({seconds(queue['own_clock_s'])}); the rest of the wall time is each worker's start-up."]
     return lines
