@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,15 +42,17 @@ FINAL_READ_TIMEOUT_S = 5.0
 
 class MirroredComputeLogManager(LocalComputeLogManager):
     """LocalComputeLogManager whose terminal mirror is a thread (see the module docstring). `base_dir` defaults to
-    Dagster's own default, `$DAGSTER_HOME/storage`."""
+    Dagster's own default, `$DAGSTER_HOME/storage` (without DAGSTER_HOME: under the system's temporary directory)."""
 
     def __init__(self, base_dir: str | None = None, polling_timeout: float | None = None,
                  inst_data: ConfigurableClassData | None = None) -> None:
         if not base_dir:
             home = os.environ.get("DAGSTER_HOME", "").strip()
-            if not home:
-                raise ValueError("MirroredComputeLogManager: set base_dir, or DAGSTER_HOME for its default")
-            base_dir = str(Path(home).expanduser().resolve() / "storage")
+            # A run worker that rebuilds the instance from its serialized form may have no DAGSTER_HOME of its own
+            # (a Celery worker on another host): its steps' logs stay on its own disk, as with Dagster's default
+            # manager there, under the system's temporary directory rather than wherever the worker was started.
+            root = Path(home).expanduser().resolve() if home else Path(tempfile.gettempdir()) / "batch_assets_dagster"
+            base_dir = str(root / "storage")
         super().__init__(base_dir, polling_timeout=polling_timeout, inst_data=inst_data)
 
     @classmethod

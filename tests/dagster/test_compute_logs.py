@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -45,6 +46,25 @@ def test_both_instance_files_name_the_mirrored_manager() -> None:
     for name in ("dagster.yaml", "dagster.postgres.yaml"):
         config = yaml.safe_load((repo_root() / name).read_text())
         assert config["compute_logs"] == MANAGER, name
+
+
+def test_a_worker_without_dagster_home_rebuilds_the_manager_from_the_instance_it_was_sent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Celery worker rebuilds the instance from its serialized form and may have no DAGSTER_HOME of its own: the
+    manager is still built (its steps' logs on the worker's own disk, under the temporary directory), where it
+    first refused and failed every step the worker ran."""
+    from dagster._core.instance.ref import InstanceRef
+    from dagster._serdes import deserialize_value, serialize_value
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({"compute_logs": MANAGER}))
+    with dg.DagsterInstance.get() as instance:
+        sent = serialize_value(instance.get_ref())
+    monkeypatch.delenv("DAGSTER_HOME")
+    with dg.DagsterInstance.from_ref(deserialize_value(sent, InstanceRef)) as rebuilt:
+        manager = rebuilt.compute_log_manager
+        assert isinstance(manager, MirroredComputeLogManager)
+        assert manager._base_dir == str(Path(tempfile.gettempdir()) / "batch_assets_dagster" / "storage")
 
 
 def test_a_step_output_reaches_the_ui_files_and_the_terminal_without_helper_processes(
