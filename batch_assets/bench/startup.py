@@ -181,13 +181,6 @@ CLI_QUEUE_PROBES = (("cli_queue", False, "floor"), ("cli_queue_launcher", True, 
 on the first two."""
 
 
-def _insert_floor_rows(url: str, payments: int) -> None:
-    """`payments` NEW payments made exactly as the floor's and the queue section's (ascending ids, ANALYZE)."""
-    from batch_assets.domains.payments.benchmark import bench_rows
-
-    bench_rows(url).insert(payments)
-
-
 def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
                       floor_per_s: float, launcher: bool = False, rows: str = "floor") -> dict[str, Any]:
     """`payments` NEW payments drained by QUEUE_CLI_PROCESSES `batch-assets queue work --drain` processes started at
@@ -210,8 +203,10 @@ def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
             _cli_run(["queue", "work", "--drain"], env)  # nothing due: the worker's start-up alone, warm instance
             if rows == "seed":
                 _cli_run(["seed", "payments", "--rows", str(payments)], env)
-            else:
-                _insert_floor_rows(url, payments)
+            else:  # made exactly as the floor's and the queue section's (ascending ids, ANALYZE)
+                from batch_assets.domains.payments.benchmark import bench_rows
+
+                bench_rows(url).insert(payments)
             argv = ["queue", "work", "--drain"]
             results = _cli_runs([argv] * QUEUE_CLI_PROCESSES, env)
             with engine.connect() as conn:

@@ -217,22 +217,25 @@ class DeclaredSweep(Sweep):
             return RowOutcome(None, COMPUTE_ERROR)
         # Exactly the writes: a dict of as many keys that has every one of them (the common case, checked by
         # picking them), else any mapping whose keys are the writes.
-        new = None
         if type(result) is dict and len(result) == self._n_writes:
             try:
                 new = self._new(result)
             except KeyError:  # a key that is not a write in place of one that is: not exactly the writes
-                pass
+                return self._not_the_writes(result, row)
         elif isinstance(result, Mapping) and result.keys() == self._write_set:
             new = self._new(result)
-        if new is None:
-            got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
-            log.warning("sweep %s: compute must return exactly %s, got %s for %s", self.name,
-                        sorted(self._write_set), got, self.describe(row))
-            return RowOutcome(None, COMPUTE_ERROR)
+        else:
+            return self._not_the_writes(result, row)
         if new == self._stored(row):
             return UNCHANGED
         return RowOutcome((row, new))
+
+    def _not_the_writes(self, result: Any, row: Sequence[Any]) -> RowOutcome:
+        """A result that is not exactly the declared writes: compute_error, with the keys it had (names only)."""
+        got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
+        log.warning("sweep %s: compute must return exactly %s, got %s for %s", self.name,
+                    sorted(self._write_set), got, self.describe(row))
+        return RowOutcome(None, COMPUTE_ERROR)
 
     # Writing ---------------------------------------------------------------
 
