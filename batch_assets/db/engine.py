@@ -97,11 +97,11 @@ def create_engine(
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=True,
-        connect_args={"connect_timeout": 10, "application_name": application_name, **_session_args(url)},
+        connect_args={"connect_timeout": 10, "application_name": application_name, **session_args(url)},
     )
 
 
-def _session_args(url: str) -> dict[str, object]:
+def session_args(url: str | sa.URL) -> dict[str, object]:
     """libpq keepalives and the server-side session settings; `options` given in the URL are kept, ours appended."""
     idle, interval, count = CLIENT_KEEPALIVE_S
     s_idle, s_interval, s_count = SERVER_KEEPALIVE_S
@@ -112,6 +112,20 @@ def _session_args(url: str) -> dict[str, object]:
     options = " ".join([*([given] if isinstance(given, str) else list(given or ())), ours])
     return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": interval, "keepalives_count": count,
             "options": options}
+
+
+def session_conninfo(engine: sa.Engine, *, options: str = "") -> str:
+    """A libpq conninfo for a connection opened with psycopg directly, outside the engines (the queue worker's claim,
+    listener and side connections): the server, database and credentials as the engine's dialect reads them from its
+    URL, with the keepalives and session settings every pooled connection has (`session_args`) and `options` appended
+    to the server settings. A keyword given to `psycopg.connect` beside a conninfo replaces the conninfo's own, so the
+    settings go into the conninfo and the caller passes no `options` of its own."""
+    _args, params = engine.dialect.create_connect_args(engine.url)
+    params.pop("context", None)  # the dialect's type adapters: not a libpq parameter
+    params.update(session_args(engine.url))
+    if options:
+        params["options"] = f"{params['options']} {options}"
+    return psycopg.conninfo.make_conninfo("", **params)
 
 
 def dedicated_engine(engine: sa.Engine, *, statement_s: float, lock_s: float) -> sa.Engine:

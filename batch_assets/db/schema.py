@@ -20,7 +20,6 @@ customers = sa.Table(
     sa.Column("updated_at", TZ, nullable=True),
     sa.Column("review_failure", sa.Text, nullable=True),
     sa.Index("customers_due_idx", sa.text("(coalesce(next_review_date, '-infinity'::date))"), "id"),
-    sa.Index("customers_active_id_idx", "id"),
 )
 
 review_triggers = sa.Table(
