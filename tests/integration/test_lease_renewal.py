@@ -184,3 +184,51 @@ def test_connections_end_idle_transactions_and_keep_alive(db_url: str) -> None:
     assert idle == "2min"
     assert "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3" in params["options"]
     assert (params["keepalives_idle"], params["keepalives_interval"], params["keepalives_count"]) == ("30", "10", "3")
+
+
+def test_queue_worker_connections_end_idle_transactions_and_keep_alive(db_url: str) -> None:
+    """The queue worker's own psycopg connections (claim/flush, LISTEN, the rate-limit side connection) carry the same
+    idle-in-transaction timeout and keepalives as the pooled ones, the claim connection its WORKER_OPTIONS on top, and
+    `options` given in the database URL are kept. (They used to pass `options=WORKER_OPTIONS` beside a bare conninfo,
+    which dropped the URL's options and every one of these settings: a worker whose host vanished held its claim
+    transaction's locks until the kernel's two-hour keepalive.)"""
+    import asyncio
+
+    from batch_assets.domains.queue.connection import Link
+    from batch_assets.domains.queue.result import QueueResult
+    from batch_assets.domains.queue.settings import QueueSettings
+    from batch_assets.domains.queue.side import SideConnection
+
+    url = sa.make_url(db_url).update_query_dict({"options": "-c work_mem=7777kB"})
+    engine = create_engine(url.render_as_string(hide_password=False), pool_size=1)
+    settings_sql = ("SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('work_mem'), "
+                    "current_setting('synchronous_commit')")
+
+    async def observe() -> list[tuple]:
+        link = Link(engine, QueueSettings(), threading.Event(), QueueResult(), label="test")
+        claims, listener = await link.connect(), await link.listener()
+        side = SideConnection(link.conninfo)
+        try:
+            seen = []
+            for conn in (claims, listener):
+                row = await (await conn.execute(settings_sql)).fetchone()
+                seen.append((*row, conn.info.get_parameters()))
+            [row] = await side.fetch_once(settings_sql)
+            seen.append((*row, (await side._connection()).info.get_parameters()))
+            return seen
+        finally:
+            await claims.close()
+            await listener.close()
+            await side.aclose()
+
+    try:
+        claims, listener, side = asyncio.run(observe())
+    finally:
+        engine.dispose()
+    for idle, work_mem, _commit, params in (claims, listener, side):
+        assert (idle, work_mem) == ("2min", "7777kB")
+        assert "-c tcp_keepalives_idle=30 -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3" in params["options"]
+        keepalives = (params["keepalives_idle"], params["keepalives_interval"], params["keepalives_count"])
+        assert keepalives == ("30", "10", "3")
+    assert claims[2] == "off"  # WORKER_OPTIONS, on the claim/flush connection only
+    assert listener[2] == side[2] == "on"

@@ -323,7 +323,7 @@ def _explain_claim(engine: sa.Engine, n: int) -> dict:
 
     from batch_assets.domains.queue.connection import WORKER_OPTIONS, conninfo
 
-    with psycopg.connect(conninfo(engine), options=WORKER_OPTIONS) as conn:
+    with psycopg.connect(conninfo(engine, options=WORKER_OPTIONS)) as conn:
         [[plan]] = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + PAYMENTS.sql.claim, {"n": n, "lease_s": 60.0, "token": uuid.uuid4()},
         ).fetchone()

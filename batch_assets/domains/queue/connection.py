@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from batch_assets.db.engine import is_transient, unavailable
+from batch_assets.db.engine import is_transient, session_conninfo, unavailable
 from batch_assets.domains.queue.result import QueueResult
 from batch_assets.domains.queue.settings import QueueSettings
 from batch_assets.errors import DatabaseUnavailable, error_text
@@ -47,8 +47,10 @@ ANALYZE: the product's own (`seed payments`, `queue enqueue`, `domains.payments.
 another service's bulk load should too (docs/queue.md)."""
 
 
-def conninfo(engine: sa.Engine) -> str:
-    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+def conninfo(engine: sa.Engine, *, options: str = "") -> str:
+    """The worker's libpq conninfo: the engine's server with the keepalives and session settings of every connection of
+    the product (`db.engine.session_conninfo`), plus `options` (WORKER_OPTIONS for the claim/flush connection)."""
+    return session_conninfo(engine, options=options)
 
 
 def pause_s(delay: float) -> float:
@@ -66,7 +68,8 @@ class Link:
         self.stop = stop
         self.result = result
         self.label = label
-        self.conninfo = conninfo(engine)
+        self.conninfo = conninfo(engine)  # the listener's and the side connections'
+        self.claims_conninfo = conninfo(engine, options=WORKER_OPTIONS)
         self.conn: psycopg.AsyncConnection[Any]
         self.down: set[str] = set()  # connections lost and not yet back: "claims", "listener", "unverified"
         self.down_since = 0.0
@@ -79,8 +82,8 @@ class Link:
     async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> psycopg.AsyncConnection[Any]:
         """Open the claim/flush connection."""
         self.conn = await psycopg.AsyncConnection.connect(
-            self.conninfo, autocommit=True, connect_timeout=max(2, int(timeout_s)),
-            application_name="batch_assets_worker", options=WORKER_OPTIONS,
+            self.claims_conninfo, autocommit=True, connect_timeout=max(2, int(timeout_s)),
+            application_name="batch_assets_worker",
         )
         return self.conn
 
