@@ -75,11 +75,8 @@ def table_numbers(engine: sa.Engine, query: str) -> tuple[str, dict[str, Any]]:
     counts = {str(r.status): int(r.n) for r in rows}
     latest = max((r.latest for r in rows if r.latest), default="")
     version = ";".join(f"{k}={v}" for k, v in sorted(counts.items())) + f";{latest}"
-    body = "\n".join(f"| {k} | {v:,} |" for k, v in sorted(counts.items()))
-    return version, {
-        "rows": sum(counts.values()),
-        "rows_by_status": dg.MetadataValue.md("| status | rows |\n|---|---:|\n" + (body or "| (none) | 0 |")),
-    }
+    return version, {"rows": sum(counts.values()),
+                     "rows_by_status": markdown_table(("status", "rows"), sorted(counts.items()))}
 
 
 def observe_table(engine: sa.Engine, query: str) -> dg.ObserveResult:

@@ -74,3 +74,5 @@ def test_the_observation_sensor_observes_changed_business_tables_without_a_run(
     changed = tick(quiet.cursor)
     assert [e.asset_key for e in changed.asset_events] == [key("payments")]
     assert changed.asset_events[0].metadata["rows"].value == 1
+    assert changed.asset_events[0].metadata["rows_by_status"].value.splitlines() == [
+        "| status | rows |", "|---|---:|", "| NEW | 1 |"]
