@@ -17,3 +17,8 @@ import warnings
 for _notice in (r"Parameter `owners` of initializer `SensorDefinition\.__init__` is currently in beta",
                 r"Function `multi_observable_source_asset` is currently in beta"):
     warnings.filterwarnings("ignore", message=_notice)
+
+# Dagster 1.13's in-process executor spins a core while a step waits for a pool slot: see the function.
+from batch_assets.orchestration.executors import sleep_while_a_step_waits_for_a_slot  # noqa: E402
+
+sleep_while_a_step_waits_for_a_slot()

@@ -104,3 +104,38 @@ def ranges_executor(plan_op: str, ranges_of: RangesOf) -> dg.ExecutorDefinition:
         description="One process for a run of one range; one process per step (at most max_concurrent) "
                     "otherwise. execution: config: in_process forces one process.",
     )
+
+
+def sleep_while_a_step_waits_for_a_slot() -> None:
+    """Make Dagster's in-process executor sleep, instead of spinning, while a step waits for a pool slot.
+
+    A step over its pool's limit is retried at intervals Dagster sets itself (1 s, growing to 15 s), and the
+    in-process executor sleeps `ActiveExecution.sleep_interval()` between its checks. In Dagster 1.13 that interval
+    comes from `InstanceConcurrencyContext.interval_to_next_pending_claim_check`, which returns
+    `min([0, *time_left])`: never more than 0. So the executor never sleeps, and a CLI run whose step waits for a
+    slot of `batch_assets_app_db` spins a whole core for as long as it waits, on the machine whose cores the run
+    holding the slot needs (an upstream fix, dagster-io/dagster#20367, was closed unmerged). Here the interval is the
+    time left until the earliest pending check, never below 0; when a claim is checked, and so how soon a step gets
+    a slot that was freed, is unchanged (`claim()` still decides that from the same timeouts). The multiprocess
+    executor does not use this interval. Applied once per process by `batch_assets.orchestration` (every process
+    that loads the code location); a dagster other than the pinned one keeps its own method, and
+    tests/dagster/test_executors_slot_wait.py fails until this is looked at again.
+    """
+    from dagster._core.execution.plan import instance_concurrency_context as module
+
+    context = module.InstanceConcurrencyContext
+    if dg.__version__ != PATCHED_DAGSTER or getattr(context.interval_to_next_pending_claim_check, "batch_assets", 0):
+        return
+
+    def interval_to_next_pending_claim_check(self: Any) -> float:
+        timeouts = self._pending_timeouts
+        if not self._pending_claims or not timeouts:
+            return 0.0
+        return max(0.0, min(timeouts.values()) - module.time.time())
+
+    interval_to_next_pending_claim_check.batch_assets = 1  # type: ignore[attr-defined]
+    context.interval_to_next_pending_claim_check = interval_to_next_pending_claim_check  # type: ignore[method-assign]
+
+
+PATCHED_DAGSTER = "1.13.27"
+"""The dagster release whose busy wait `sleep_while_a_step_waits_for_a_slot` mends (pyproject pins it)."""

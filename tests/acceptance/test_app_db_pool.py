@@ -14,9 +14,11 @@ sweep's range is held on its first page write by a gate (a statement trigger tha
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import dagster as dg
+import psutil
 import pytest
 import sqlalchemy as sa
 import yaml
@@ -92,6 +94,12 @@ def _pool_steps(instance: dg.DagsterInstance, run_id: str) -> list[tuple[float, 
     return spans
 
 
+def _cpu_s(process: psutil.Process) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def _blocked_events(instance: dg.DagsterInstance, run_id: str) -> list[str]:
     records = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT, limit=1000).records
     return [r.event_log_entry.user_message for r in records if BLOCKED in (r.event_log_entry.user_message or "")]
@@ -125,9 +133,15 @@ def test_a_step_waits_for_the_slot_and_the_runs_pool_steps_do_not_overlap(
                                   what="the expiry's run", alive=expiry)
             wait_for(lambda: waiting_for_slot(instance, expiry_run.run_id), timeout=60,
                      what="the expiry's step to wait for the slot", alive=expiry)
+            waiter = psutil.Process(expiry.pid)
+            cpu_before, wall_before = _cpu_s(waiter), time.monotonic()
             wait_for(lambda: "waiting" in expiry.output() and APP_DATABASE_POOL in expiry.output(), timeout=60,
                      what="the CLI's line saying the step waits", alive=expiry)
             assert _holders(instance) == {sweep_run_id} and sweep.running()
+            # Waiting costs no core: Dagster 1.13's executor spun at 100% of one here, its sleep interval never
+            # above 0 (executors.sleep_while_a_step_waits_for_a_slot).
+            waited_s = time.monotonic() - wall_before
+            assert _cpu_s(waiter) - cpu_before < 0.25 * waited_s + 0.2, (_cpu_s(waiter) - cpu_before, waited_s)
             execute(engine, "DELETE FROM ba_test_gate")  # the range goes on, ends and frees the slot
             expiry_result = expiry.wait(timeout=180)
         sweep_result = sweep.wait(timeout=180)
