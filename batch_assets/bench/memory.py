@@ -44,6 +44,23 @@ def measure_rss(url: str, key_text: str, run_date: date) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def peak_rss_kib() -> int:
+    """This process's own peak RSS in KiB: the high-water mark of its memory since its exec (VmHWM).
+
+    Not getrusage's ru_maxrss: Linux carries it across exec from the forked copy of the parent, so a child started
+    by a parent holding 500 MiB reports 500 MiB however little it uses itself. The bench's parent holds more than a
+    sweep does, and every "peak RSS of a sweep in a fresh process" read so was the parent's (141.1 MiB at 100k and
+    at 1M alike in the report of 2026-12-02). ru_maxrss stays the answer where /proc is absent."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+
+
 def _child(run_date_text: str) -> int:
     from batch_assets.bench.scratch import reset_to_first_computation
     from batch_assets.bench.sweeps import run_sweep
@@ -55,8 +72,7 @@ def _child(run_date_text: str) -> int:
     reset_to_first_computation(engine)
     summary = run_sweep(engine, cipher, "full", date.fromisoformat(run_date_text), RSS_WORKERS)
     engine.dispose()
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(json.dumps({"peak_rss_mib": round(peak_kib / 1024, 1), "scanned": summary["scanned"],
+    print(json.dumps({"peak_rss_mib": round(peak_rss_kib() / 1024, 1), "scanned": summary["scanned"],
                       "workers": RSS_WORKERS}))
     return 0
 

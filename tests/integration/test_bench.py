@@ -375,3 +375,24 @@ def test_plan_verdict_needs_index_access_and_an_index_order_for_keyset_reads(
 ) -> None:
     """Index and bitmap-index scans pass; a sequential scan fails; a keyset read that sorts fails."""
     assert plans.verdict("q", table, _plan(plan), keyset=keyset)["index_scan"] is passes
+
+
+def test_the_peak_rss_of_a_sweep_is_its_own_not_its_parents(db_url: str, cipher: Any, key_text: str) -> None:
+    """The fresh process that measures a sweep's peak RSS reports its own peak, whatever its parent holds. (Linux
+    carries getrusage's ru_maxrss across exec from the forked copy of the parent: with this process holding 400 MiB
+    the child reported 400 MiB, and the bench's own report had 141.1 MiB, its parent's, at 100k and at 1M.)"""
+    from batch_assets.bench import memory
+    from batch_assets.db.engine import create_engine
+
+    engine = create_engine(db_url, pool_size=2)
+    try:
+        seed_customers(engine, cipher, 2_000, run_date=RUN_DATE, seed=21)
+    finally:
+        engine.dispose()
+    held = bytearray(400 * 1024 * 1024)
+    for i in range(0, len(held), 4096):  # touch every page: resident, not only reserved
+        held[i] = 1
+    measured = memory.measure_rss(db_url, key_text, RUN_DATE)
+    assert measured["scanned"] == 2_000
+    assert 20 < measured["peak_rss_mib"] < 300, measured  # a sweep's few tens of MiB, never the parent's 400+
+    del held
