@@ -124,7 +124,8 @@ def sleep_while_a_step_waits_for_a_slot() -> None:
     from dagster._core.execution.plan import instance_concurrency_context as module
 
     context = module.InstanceConcurrencyContext
-    if dg.__version__ != PATCHED_DAGSTER or getattr(context.interval_to_next_pending_claim_check, "batch_assets", 0):
+    mended = getattr(context.interval_to_next_pending_claim_check, "batch_assets", False)
+    if dg.__version__ != PATCHED_DAGSTER or mended:
         return
 
     def interval_to_next_pending_claim_check(self: Any) -> float:
@@ -133,7 +134,7 @@ def sleep_while_a_step_waits_for_a_slot() -> None:
             return 0.0
         return max(0.0, min(timeouts.values()) - module.time.time())
 
-    interval_to_next_pending_claim_check.batch_assets = 1  # type: ignore[attr-defined]
+    interval_to_next_pending_claim_check.batch_assets = True  # type: ignore[attr-defined]
     context.interval_to_next_pending_claim_check = interval_to_next_pending_claim_check  # type: ignore[method-assign]
 
 
