@@ -138,8 +138,11 @@ EDIT_SETTLED_SQL = ("UPDATE customers SET encrypted_dob = %(blob)s WHERE id = %(
                     "RETURNING age_category")
 SETTLED_SQL = ("SELECT id FROM customers WHERE status = 'ACTIVE' AND age_category IS NOT NULL "
                "AND next_review_date > %(rd)s ORDER BY md5(id::text || %(seed)s) LIMIT %(n)s")
-DONOR_SQL = ("SELECT encrypted_dob FROM customers WHERE encrypted_dob IS NOT NULL "
-             "AND octet_length(encrypted_dob) < 100 LIMIT 1")
+DONOR_SQL = ("SELECT id, encrypted_dob FROM customers WHERE encrypted_dob IS NOT NULL "
+             "AND octet_length(encrypted_dob) = 38 LIMIT 2")
+"""Two rows holding a ciphertext of a date (12-byte nonce, 10 bytes, 16-byte tag) to stand for "another row's":
+two, so a row written over is never given its own ciphertext back (which would decrypt)."""
+NO_DONOR = b"\0" * 38
 
 
 def inject_hostile_customers(engine: sa.Engine, key_text: str, run_date: date, *, variants: tuple[str, ...],
@@ -148,7 +151,7 @@ def inject_hostile_customers(engine: sa.Engine, key_text: str, run_date: date, *
     aead = AESGCM(checker.decode_key(key_text))
     rows: list[checker.HostileRow] = []
     with engine.connect() as conn:  # autocommit
-        donor = bytes(conn.exec_driver_sql(DONOR_SQL).scalar() or b"\0" * 38)
+        donors = [(row_id, bytes(blob)) for row_id, blob in conn.exec_driver_sql(DONOR_SQL)]
         settled = [r[0] for r in conn.exec_driver_sql(
             SETTLED_SQL, {"rd": run_date, "seed": str(seed), "n": len(HOSTILE_CUSTOMERS)})]
         for variant in variants:
@@ -157,11 +160,13 @@ def inject_hostile_customers(engine: sa.Engine, key_text: str, run_date: date, *
                     if i >= len(settled):
                         continue
                     cid = settled[i]
+                    donor = next((blob for row_id, blob in donors if row_id != cid), NO_DONOR)
                     held = conn.exec_driver_sql(
                         EDIT_SETTLED_SQL, {"blob": build(aead, cid, run_date, donor), "id": cid}).scalar()
                     rows.append(checker.HostileRow(kind, expected, cid, variant, held))
                     continue
                 cid = uuid.uuid4()
+                donor = donors[0][1] if donors else NO_DONOR
                 cat = PRESET_CATEGORY if variant == "preset" else None
                 nrd = run_date + timedelta(days=PRESET_AHEAD_DAYS) if variant == "preset" else None
                 conn.exec_driver_sql(INSERT_CUSTOMER_SQL, {"id": cid, "blob": build(aead, cid, run_date, donor),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import Counter
 from datetime import date
@@ -337,16 +338,28 @@ def test_dob_editor_writes_valid_ciphertexts_of_other_dates(engine: sa.Engine, d
 
 
 def test_injected_hostile_rows_are_what_their_kind_says(engine: sa.Engine, db_url: str, key_text: str) -> None:
-    """Every hostile kind, inserted or written over a settled row, evaluates to its kind in the checker."""
+    """Every hostile kind, inserted or written over a settled row, evaluates to its kind in the checker.
+
+    The row the "copied from another row" kind is written over is inserted first, so a donor taken without an order
+    (the table's first row) would be that row itself, whose own ciphertext decrypts: the kind must still come out
+    decrypt_failure (it came out 'computed', 1 run in 18, before the donor excluded the row written over)."""
     aead = _aead(key_text)
-    for _ in range(len(writers.HOSTILE_CUSTOMERS)):
-        _fresh(engine, aead, "1990-01-01")
+    seed = 3
+    ids = [uuid.uuid4() for _ in writers.HOSTILE_CUSTOMERS]
+    by_seed = sorted(ids, key=lambda cid: hashlib.md5(f"{cid}{seed}".encode()).hexdigest())  # writers.SETTLED_SQL
+    copied = next(i for i, (kind, *_rest) in enumerate(writers.HOSTILE_CUSTOMERS) if "copied" in kind)
+    for cid in [by_seed[copied], *(c for c in ids if c != by_seed[copied])]:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO customers (id, status, encrypted_dob) VALUES (:id, 'ACTIVE', :b)"),
+                         {"id": cid, "b": checker.encrypt_bytes(aead, cid, b"1990-01-01")})
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT id FROM customers LIMIT 1")).scalar() == by_seed[copied]
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE customers SET age_category = 'ADULT', next_review_date = '2055-01-01'"))
     writer_engine = sa.create_engine(db_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
     try:
         rows = writers.inject_hostile_customers(writer_engine, key_text, RUN_DATE, variants=tuple(writers.VARIANTS),
-                                                seed=3)
+                                                seed=seed)
     finally:
         writer_engine.dispose()
     assert Counter(r.variant for r in rows) == {v: len(writers.HOSTILE_CUSTOMERS) for v in writers.VARIANTS}
