@@ -18,7 +18,6 @@ for _notice in (r"Parameter `owners` of initializer `SensorDefinition\.__init__`
                 r"Function `multi_observable_source_asset` is currently in beta"):
     warnings.filterwarnings("ignore", message=_notice)
 
-# Dagster 1.13's in-process executor spins a core while a step waits for a pool slot: see the function.
-from batch_assets.orchestration.executors import sleep_while_a_step_waits_for_a_slot  # noqa: E402
-
-sleep_while_a_step_waits_for_a_slot()
+# Nothing here imports dagster: the CLI imports this package (instance_home) for commands that never load it
+# (`--help`, a refused argument, `db`, `seed`). The mend of Dagster's busy wait for a pool slot is applied where the
+# executors are defined (orchestration/executors.py), which every process that runs a job imports.

@@ -117,8 +117,9 @@ def sleep_while_a_step_waits_for_a_slot() -> None:
     holding the slot needs (an upstream fix, dagster-io/dagster#20367, was closed unmerged). Here the interval is the
     time left until the earliest pending check, never below 0; when a claim is checked, and so how soon a step gets
     a slot that was freed, is unchanged (`claim()` still decides that from the same timeouts). The multiprocess
-    executor does not use this interval. Applied once per process by `batch_assets.orchestration` (every process
-    that loads the code location); a dagster other than the pinned one keeps its own method, and
+    executor does not use this interval. Applied once per process when this module is imported (below): every
+    process that loads the code location or runs a job imports it, and a command that does neither (`--help`, a
+    refused argument) does not import dagster for it; a dagster other than the pinned one keeps its own method, and
     tests/dagster/test_executors_slot_wait.py fails until this is looked at again.
     """
     from dagster._core.execution.plan import instance_concurrency_context as module
@@ -140,3 +141,7 @@ def sleep_while_a_step_waits_for_a_slot() -> None:
 
 PATCHED_DAGSTER = "1.13.27"
 """The dagster release whose busy wait `sleep_while_a_step_waits_for_a_slot` mends (pyproject pins it)."""
+
+
+# Every process that imports the executors (the code location, a run worker, a CLI run) gets the mend.
+sleep_while_a_step_waits_for_a_slot()

@@ -33,6 +33,7 @@ from batch_assets.db.migrate import require_migrated
 from batch_assets.errors import BatchAssetsError, ConfigError, error_text, first_line
 from batch_assets.orchestration.budget import check_run_budget, parallel_steps
 from batch_assets.orchestration.config import JobConfig
+from batch_assets.orchestration.executors import sleep_while_a_step_waits_for_a_slot
 from batch_assets.orchestration.instance_home import repo_root as repo_root  # re-exported: cli.tools, tests
 from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.orchestration.ops import run_in_thread
@@ -177,6 +178,7 @@ def launch_job(
         check_run_budget(engine, plan, parallel=parallel_steps(run_config))
         require_migrated(engine)
     ensure_instance(settings)
+    sleep_while_a_step_waits_for_a_slot()  # a CLI drain or expiry loads only its own job module, not the sweep's
     launch_id = uuid.uuid4().hex
     # The process tag lets the dead-run watchdog fail this run at once if this process dies (orchestration.watchdog).
     all_tags = {"batch_assets/launched_by": "cli", LAUNCH_ID_TAG: launch_id, **cli_process_tags(), **(tags or {})}

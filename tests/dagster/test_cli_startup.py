@@ -55,7 +55,8 @@ def test_job_modules_name_every_job_of_their_specs() -> None:
     assert [s.name for s in registry.SPECS] == [names[0] for names in registry.JOB_MODULES.values()]
 
 
-def _cli_modules(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[dict, set[str]]:
+def _cli_run(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, str, set[str]]:
+    """Exit code, stdout, stderr and the names of the modules the CLI process imported."""
     listing = tmp_path / "modules.json"
     proc = subprocess.Popen([sys.executable, "-c", PROBE, str(listing), *argv], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -63,8 +64,27 @@ def _cli_modules(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[
         out, err = proc.communicate(timeout=300)
     finally:
         kill_session(proc)
-    assert proc.returncode == 0, err[-2000:]
-    return json.loads(out.strip().splitlines()[-1]), set(json.loads(listing.read_text()))
+    return proc.returncode, out, err, set(json.loads(listing.read_text()))
+
+
+def _cli_modules(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[dict, set[str]]:
+    code, out, err, modules = _cli_run(argv, env, tmp_path)
+    assert code == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1]), modules
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["--help"], 0),
+    (["sweep", "customer-status", "--mode", "full", "--workers", "1000000"], 2),
+    (["rules", "set", "--thresholds", "MINOR=0,ADULT=x"], 2),
+])
+def test_a_command_that_runs_no_job_never_imports_dagster(argv: list[str], code: int, cli_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    """Help, and a command refused at its arguments, never import Dagster (a second of start-up on this machine): a
+    mend of Dagster applied from the package the CLI imports for every command made each of them import it."""
+    got, _out, err, modules = _cli_run(argv, cli_env, tmp_path)
+    assert got == code, err[-2000:]
+    assert "dagster" not in modules and "batch_assets.orchestration.executors" not in modules
 
 
 def test_a_cli_delta_sweep_imports_only_its_own_job(cli_env: dict[str, str], engine: sa.Engine, cipher: DobCipher,
