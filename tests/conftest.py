@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import sqlalchemy as sa
+from helpers import SUITE_LAUNCHER
 from sqlalchemy.engine import make_url
 
 from batch_assets.crypto import DobCipher, generate_key_text
@@ -57,6 +58,13 @@ def _server_url() -> str:
 
 def _with_db(url: str, name: str) -> str:
     return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _suite_launcher() -> Iterator[None]:
+    """Stops this test process's resident launcher (helpers.SuiteLauncher), if a test started it."""
+    yield
+    SUITE_LAUNCHER.close()
 
 
 @pytest.fixture(scope="session")

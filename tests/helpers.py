@@ -15,13 +15,56 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+# --- one resident launcher per test process ---------------------------------------------------------
+
+
+class SuiteLauncher:
+    """The product's resident launcher (`batch-assets launcher`, cli/launcher.py) for the CLI calls a test runs to
+    completion (`_cli.run_cli`): each such call then runs in a process forked from one that imported Dagster and the
+    jobs once, instead of importing them again (about 2 s of CPU a call on a slow day, hundreds of calls a suite).
+
+    Started on first use, once per test process (each xdist worker has its own), by
+    `batch_assets.bench.startup.running_launcher`, and stopped at the end of the session by the root conftest (SIGTERM,
+    then SIGKILL of its process group). The command is the same CLI command either way: same parser, settings from
+    the caller's environment, its own Dagster run, its exit code and stdout; a call whose environment the launcher
+    cannot serve exactly as a fresh process (another PYTHONPATH, a changed source file) runs in its own process after
+    one line on stderr, as the launcher documents. What only a fresh process shows stays tested in fresh processes:
+    start-up and imports (tests/dagster/test_cli_startup.py), signals and kills (`CliProcess`), the launcher itself
+    (tests/integration/test_launcher.py). BATCH_ASSETS_TEST_LAUNCHER=off runs every call in its own process."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._socket: str | None = None
+
+    def env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """`env` with BATCH_ASSETS_LAUNCHER naming this process's launcher (unless the caller named one itself)."""
+        from batch_assets.settings import LAUNCHER_VAR, TEST_LAUNCHER_VAR
+
+        if os.environ.get(TEST_LAUNCHER_VAR) == "off" or LAUNCHER_VAR in env:
+            return dict(env)
+        if self._socket is None:
+            from batch_assets.bench.startup import running_launcher
+
+            base = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+            self._socket = self._stack.enter_context(running_launcher(base))[LAUNCHER_VAR]
+        return {**env, LAUNCHER_VAR: self._socket}
+
+    def close(self) -> None:
+        self._socket = None
+        self._stack.close()
+
+
+SUITE_LAUNCHER = SuiteLauncher()
 
 
 # --- polling ---------------------------------------------------------------------------------------

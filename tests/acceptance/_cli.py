@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from helpers import kill_session
+from helpers import SUITE_LAUNCHER, kill_session
 from helpers import scalar as scalar  # the acceptance tests' one-value query, re-exported
 from helpers import wait_for as wait_for  # the acceptance tests' poll, re-exported
 
@@ -69,9 +69,9 @@ def cli_command(*args: str) -> list[str]:
 
 
 def run_cli(env: Mapping[str, str], *args: str, timeout: float = 120) -> CliResult:
-    """Run `batch-assets ARGS` to completion."""
+    """Run `batch-assets ARGS` to completion (through the test process's resident launcher: helpers.SuiteLauncher)."""
     proc = subprocess.run(
-        cli_command(*args), env=dict(env), capture_output=True, text=True, timeout=timeout, cwd=REPO
+        cli_command(*args), env=SUITE_LAUNCHER.env(env), capture_output=True, text=True, timeout=timeout, cwd=REPO
     )
     return CliResult(args, proc.returncode, proc.stdout, proc.stderr)
 
