@@ -321,9 +321,10 @@ def _explain_claim(engine: sa.Engine, n: int) -> dict:
     """EXPLAIN ANALYZE of a claim of `n` on a connection opened as the worker opens its own (rolled back)."""
     import psycopg
 
-    from batch_assets.domains.queue.connection import WORKER_OPTIONS, conninfo
+    from batch_assets.db.engine import session_conninfo
+    from batch_assets.domains.queue.connection import WORKER_OPTIONS
 
-    with psycopg.connect(conninfo(engine, options=WORKER_OPTIONS)) as conn:
+    with psycopg.connect(session_conninfo(engine, options=WORKER_OPTIONS)) as conn:
         [[plan]] = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + PAYMENTS.sql.claim, {"n": n, "lease_s": 60.0, "token": uuid.uuid4()},
         ).fetchone()

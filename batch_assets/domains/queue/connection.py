@@ -47,12 +47,6 @@ ANALYZE: the product's own (`seed payments`, `queue enqueue`, `domains.payments.
 another service's bulk load should too (docs/queue.md)."""
 
 
-def conninfo(engine: sa.Engine, *, options: str = "") -> str:
-    """The worker's libpq conninfo: the engine's server with the keepalives and session settings of every connection of
-    the product (`db.engine.session_conninfo`), plus `options` (WORKER_OPTIONS for the claim/flush connection)."""
-    return session_conninfo(engine, options=options)
-
-
 def pause_s(delay: float) -> float:
     """The jittered pause before the next connection attempt."""
     return delay * random.uniform(0.8, 1.2)
@@ -68,8 +62,9 @@ class Link:
         self.stop = stop
         self.result = result
         self.label = label
-        self.conninfo = conninfo(engine)  # the listener's and the side connections'
-        self.claims_conninfo = conninfo(engine, options=WORKER_OPTIONS)
+        # The engine's server with the keepalives and session settings of every connection of the product.
+        self.conninfo = session_conninfo(engine)  # the listener's and the side connections'
+        self.claims_conninfo = session_conninfo(engine, options=WORKER_OPTIONS)
         self.conn: psycopg.AsyncConnection[Any]
         self.down: set[str] = set()  # connections lost and not yet back: "claims", "listener", "unverified"
         self.down_since = 0.0
