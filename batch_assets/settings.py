@@ -31,6 +31,16 @@ OUTBOX_SINK_VAR = "BATCH_ASSETS_OUTBOX_SINK"
 LAUNCHER_VAR = "BATCH_ASSETS_LAUNCHER"
 """The resident launcher's socket path (cli/launcher.py): the client uses the launcher when it is set."""
 
+PRODUCT_VAR_PREFIX = "BATCH_ASSETS_"
+
+
+def environ_without_product() -> dict[str, str]:
+    """This process's environment without a batch_assets variable or DAGSTER_HOME: the base of a child process that
+    gets its own settings (the bench's commands, the fault campaign's hosts, the tests' CLI calls), so that nothing
+    of the caller's product settings reaches it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(PRODUCT_VAR_PREFIX) and k != "DAGSTER_HOME"}
+
+
 DEFAULT_RUN_DATE_WINDOW_DAYS = 366
 MAX_RUN_DATE_WINDOW_DAYS = 36_500
 REDIS_SCHEMES = ("redis", "rediss", "unix")

@@ -53,6 +53,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import sqlalchemy as sa
 
+from batch_assets.settings import environ_without_product
 from faults import checker
 from faults.brokers import RabbitVhost, TcpProxy
 from faults.product import REPO, CliResult, Running, cli_path
@@ -371,7 +372,7 @@ class Rig:
 
     def env(self, host: TestHost | None = None, **extra: str) -> dict[str, str]:
         """The product's environment on the machine (host None) or inside `host` (services via its gateway)."""
-        base = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+        base = environ_without_product()
         address = "127.0.0.1" if host is None else host.gateway
         base.update({
             "BATCH_ASSETS_DATABASE_URL": _with_host(self.admin_url, address, self.database),

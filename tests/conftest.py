@@ -25,7 +25,7 @@ from batch_assets.crypto import DobCipher, generate_key_text
 from batch_assets.db.engine import create_engine
 from batch_assets.db.migrate import migrate
 from batch_assets.locking.owner import make_owner, parse_owner, provably_dead
-from batch_assets.settings import TEST_DATABASE_URL_VAR
+from batch_assets.settings import TEST_DATABASE_URL_VAR, environ_without_product
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -172,7 +172,7 @@ def cipher(key_text: str) -> DobCipher:
 @pytest.fixture
 def cli_env(db_url: str, key_text: str, tmp_path: Path) -> dict[str, str]:
     """Environment for running `batch-assets` against this test's database."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+    env = environ_without_product()
     env.update(
         BATCH_ASSETS_DATABASE_URL=db_url,
         BATCH_ASSETS_ENCRYPTION_KEY=key_text,

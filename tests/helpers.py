@@ -54,8 +54,9 @@ class SuiteLauncher:
             return dict(env)
         if self._socket is None:
             from batch_assets.bench.startup import running_launcher
+            from batch_assets.settings import environ_without_product
 
-            base = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+            base = environ_without_product()
             self._socket = self._stack.enter_context(running_launcher(base))[LAUNCHER_VAR]
         return {**env, LAUNCHER_VAR: self._socket}
 

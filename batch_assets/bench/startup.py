@@ -34,6 +34,8 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from batch_assets.settings import environ_without_product
+
 CLI_TIMEOUT_S = 300
 STARTUP_GOAL_S = 1.0
 """A CLI delta with nothing due spends at most this much wall time beyond the engine's `duration_s`."""
@@ -47,7 +49,7 @@ NOOP_HANDLER = "batch_assets.domains.payments.noop:handle"
 
 def _child_env(url: str, key_text: str, home: Path) -> dict[str, str]:
     """The CLI's environment: the scratch database and the bench key; no product variable of the caller."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+    env = environ_without_product()
     env.update(
         BATCH_ASSETS_DATABASE_URL=url,
         BATCH_ASSETS_ENCRYPTION_KEY=key_text,  # handed over in the environment, never on a command line

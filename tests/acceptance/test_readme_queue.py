@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from batch_assets.settings import environ_without_product
+
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "<!-- queue-your-own-table:commands -->"
 
@@ -48,7 +50,7 @@ def test_example_files_are_the_readmes() -> None:
 def test_readme_queue_your_own_table(empty_db_url: str, key_text: str, tmp_path: Path) -> None:
     commands = readme_commands()
     assert "batch-assets queue work --queue notifications" in commands
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+    env = environ_without_product()
     env.update(BATCH_ASSETS_DATABASE_URL=empty_db_url, BATCH_ASSETS_ENCRYPTION_KEY=key_text,
                BATCH_ASSETS_HOME=str(tmp_path / "home"), NOTIFICATIONS_SENT=str(tmp_path / "sent.jsonl"),
                PATH=f"{Path(sys.executable).parent}:{env['PATH']}")

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from batch_assets.settings import environ_without_product
+
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "<!-- sweep-your-own-table:commands -->"
 
@@ -37,7 +39,7 @@ def readme_json_line() -> dict:
 def test_readme_sweep_your_own_table(empty_db_url: str, key_text: str, tmp_path: Path) -> None:
     commands = readme_commands()
     assert "batch-assets jobs run loyalty_tier" in commands
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+    env = environ_without_product()
     env.update(BATCH_ASSETS_DATABASE_URL=empty_db_url, BATCH_ASSETS_ENCRYPTION_KEY=key_text,
                BATCH_ASSETS_HOME=str(tmp_path / "home"), PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
     script = "set -euo pipefail\n" + commands

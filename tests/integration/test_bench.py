@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from batch_assets.bench import check, plans, queue, references, render
 from batch_assets.bench.scratch import scratch_prefix_of
 from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
 from batch_assets.domains.customer_status.seed import seed_customers
+from batch_assets.settings import environ_without_product
 
 pytestmark = [pytest.mark.integration]
 
@@ -28,7 +28,7 @@ RUN_DATE = date(2026, 6, 15)
 
 
 def _bench_env(server_url: str, home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+    env = environ_without_product()
     # The bench creates its scratch databases next to this one and never writes to it.
     env.update(BATCH_ASSETS_DATABASE_URL=server_url, BATCH_ASSETS_HOME=str(home))
     return env

@@ -6,7 +6,6 @@ started (not to its group) must still leave none of them running.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -19,6 +18,7 @@ import pytest
 from ui_server import BIN, REPO, UiServer, wait_gone
 
 from batch_assets.cli.ui import still_running
+from batch_assets.settings import environ_without_product
 
 pytestmark = [pytest.mark.dagster]
 
@@ -61,7 +61,7 @@ def _clean_env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCH_ASSETS_") and k != "DAGSTER_HOME"}
+    env = environ_without_product()
     env.update(DAGSTER_HOME=str(home))
     return env
 
