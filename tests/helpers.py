@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -48,7 +49,7 @@ class SuiteLauncher:
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         """`env` with BATCH_ASSETS_LAUNCHER naming this process's launcher (unless the caller named one itself)."""
-        from batch_assets.settings import LAUNCHER_VAR, TEST_LAUNCHER_VAR
+        from batch_assets.settings import HOME_VAR, LAUNCHER_VAR, TEST_LAUNCHER_VAR
 
         if os.environ.get(TEST_LAUNCHER_VAR) == "off" or LAUNCHER_VAR in env:
             return dict(env)
@@ -56,7 +57,9 @@ class SuiteLauncher:
             from batch_assets.bench.startup import running_launcher
             from batch_assets.settings import environ_without_product
 
-            base = environ_without_product()
+            # A home of its own: the launcher writes its instance file there, not into the checkout's .batch_assets.
+            home = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ba_test_launcher_home_"))
+            base = {**environ_without_product(), HOME_VAR: home}
             self._socket = self._stack.enter_context(running_launcher(base))[LAUNCHER_VAR]
         return {**env, LAUNCHER_VAR: self._socket}
 
