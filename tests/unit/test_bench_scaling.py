@@ -1,4 +1,4 @@
-"""The bench's scaling merge (issue 20): per-row times and peak RSS across sizes, from one report per size."""
+"""The bench's scaling merge (issue 20): per-row times and peak RSS across sizes, from the reports of each size."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_the_merge_gives_per_row_times_their_ratios_and_the_rss_per_size(tmp_pat
     assert to_10m["peak_rss_ratio"] == 1.0 and scale["steps"][0]["peak_rss_ratio"] == 1.1
     table = scaling.markdown(scale)
     assert "| full first computation w4 |" in table and "| 10M ÷ 1M |" in table.splitlines()[0] + " |"
-    with pytest.raises(ValueError, match="same --rows"):
+    with pytest.raises(ValueError, match="the same report of 1000000 rows twice"):
         scaling.merge([reports[1], reports[1]])
     paths = []
     for i, r in enumerate(reports):
@@ -51,6 +51,24 @@ def test_the_merge_gives_per_row_times_their_ratios_and_the_rss_per_size(tmp_pat
     assert scaling.main([*map(str, paths), "--output", str(out), "--markdown", str(tmp_path / "s.md")]) == 0
     assert json.loads(out.read_text()) == json.loads(json.dumps(scale))
     assert scaling.main([str(paths[0]), str(paths[0]), "--output", str(out)]) == 2
+
+
+def test_repeats_of_a_size_give_the_median_per_row_and_keep_each_run() -> None:
+    """Three 1M runs, one of them slow (1.6x): the size's time per row is the median run's, so the 10M step is
+    judged against 1.0x, not the mean's 1.2x; each run stays under `runs` and the table says how many."""
+    base = json.loads(COMMITTED.read_text())
+    runs = [_at(base, 1_000_000, slower, rss) for slower, rss in ((1.0, 84.0), (1.6, 86.0), (1.1, 85.0))]
+    for i, run in enumerate(runs):
+        run["created_at"] = f"2026-12-04T16:0{i}:00Z"
+    scale = scaling.merge([_at(base, 10_000_000, 1.1, 85.0), *runs])
+    one_m = scale["sizes"][0]
+    assert [r["created_at"] for r in one_m["runs"]] == [r["created_at"] for r in runs]
+    w1 = base["sweep"]["full_first_computation_w1"]
+    assert one_m["per_row_us"]["full_first_computation_w1"] == pytest.approx(
+        w1["sweep_s"] / w1["scanned"] * 1e6 * 1.1, rel=0.01)
+    assert one_m["peak_rss_mib"] == 86.0
+    assert scale["steps"][0]["per_row_ratio"]["full_first_computation_w1"] == pytest.approx(1.0, rel=0.01)
+    assert scaling.markdown(scale).splitlines()[0].startswith("| scenario (µs per row) | 1M (median of 3) | 10M |")
 
 
 def test_a_run_keeps_its_finished_scenarios_in_partial_json_and_the_merge_marks_the_size(tmp_path: Path) -> None:
