@@ -56,6 +56,14 @@ def throughput_chart(report: dict[str, Any], path: Path) -> Path:
                                _product_color(i + 1)))
     # The scenarios the report has (a section may be absent, e.g. no naive estimate).
     series = [(group, label, entry, color) for group, label, entry, color in candidates if entry]
+    if not series:  # e.g. `--only queue`: nothing swept
+        fig, ax = plt.subplots(figsize=(9, 3.2), dpi=DPI)
+        _not_measured(ax, "Sweeps not measured\n(neither the product's sweeps nor the references are in this run)")
+        fig.suptitle(f"Customer-status sweep\n{_subtitle(report)}", fontsize=11)
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+        return path
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6.2), dpi=DPI)
     ypos, yticks, ylabels, y = [], [], [], 0.0

@@ -125,6 +125,8 @@ def startup_table(report: dict[str, Any]) -> list[str]:
     startup, sweep = report.get("startup"), report["sweep"]
     if not startup:
         return []
+    if "startup_s" not in startup:  # `--only queue`: the queue's CLI drains, no start-up probe
+        return cli_wall_table(startup)
     lines = ["### Where the time goes: engine vs Dagster run start-up", "",
              "| scenario | engine `duration_s` | + Dagster run start-up | = CLI wall time (estimated) |",
              "|---|---:|---:|---:|"]
