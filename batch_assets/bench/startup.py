@@ -203,12 +203,15 @@ def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
             if busy:
                 raise RuntimeError(f"{busy} payments already in the scratch database: the CLI queue probe needs none")
             _cli_run(["queue", "work", "--drain"], env)  # nothing due: the worker's start-up alone, warm instance
+            from batch_assets.domains.payments.benchmark import bench_rows, settle
+
             if rows == "seed":
                 _cli_run(["seed", "payments", "--rows", str(payments)], env)
-            else:  # made exactly as the floor's and the queue section's (ascending ids, ANALYZE)
-                from batch_assets.domains.payments.benchmark import bench_rows
-
-                bench_rows(url).insert(payments)
+                settled = settle(bench_rows(url).conninfo)
+            else:  # made exactly as the floor's and the queue section's (ascending ids, ANALYZE, CHECKPOINT)
+                made = bench_rows(url)
+                made.insert(payments)
+                settled = made.settled
             argv = ["queue", "work", "--drain"]
             results = _cli_runs([argv] * QUEUE_CLI_PROCESSES, env)
             with engine.connect() as conn:
@@ -237,6 +240,7 @@ def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
         "cli_wall_per_s": round(per_s, 1),
         "own_clock_per_s": round(payments / own, 1) if own > 0 else None,
         "floor_per_s": round(floor_per_s, 1),
+        "checkpoint_before_drain": settled,
         "cli_wall_over_floor": ratio,
         "within_goal": (ratio is not None and ratio >= QUEUE_CLI_GOAL) if rows == "floor" else None,
     }

@@ -396,3 +396,34 @@ def test_the_peak_rss_of_a_sweep_is_its_own_not_its_parents(db_url: str, cipher:
     assert measured["scanned"] == 2_000
     assert 20 < measured["peak_rss_mib"] < 300, measured  # a sweep's few tens of MiB, never the parent's 400+
     del held
+
+
+def test_each_timed_queue_drain_starts_after_a_checkpoint_when_the_role_may_run_one(
+        db_url: str, engine: sa.Engine) -> None:
+    """The queue bench's rows end their insert with a CHECKPOINT (domains.payments.benchmark.settle), so drains timed
+    minutes apart start at the same point of the server's checkpoint cycle; a role without the privilege gets
+    False and no error, and the report says which it was."""
+    import uuid
+
+    from sqlalchemy.engine import make_url
+
+    from batch_assets.domains.payments.benchmark import bench_rows, settle
+
+    def requested() -> int:
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql("SELECT checkpoints_req FROM pg_stat_bgwriter").scalar_one())
+
+    before = requested()
+    rows = bench_rows(db_url)
+    rows.insert(10)
+    assert rows.settled is True and requested() > before
+    role = f"ba_bench_{uuid.uuid4().hex[:12]}"
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+    try:
+        as_role = make_url(db_url).set(drivername="postgresql", username=role, password=None)
+        assert settle(as_role.render_as_string(hide_password=False)) is False
+    finally:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f"DROP ROLE {role}")
+    rows.delete()
