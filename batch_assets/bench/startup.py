@@ -205,11 +205,11 @@ def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
             _cli_run(["queue", "work", "--drain"], env)  # nothing due: the worker's start-up alone, warm instance
             from batch_assets.domains.payments.benchmark import bench_rows, settle
 
+            made = bench_rows(url)
             if rows == "seed":
                 _cli_run(["seed", "payments", "--rows", str(payments)], env)
-                settled = settle(bench_rows(url).conninfo)
+                settled = settle(made.conninfo)
             else:  # made exactly as the floor's and the queue section's (ascending ids, ANALYZE, CHECKPOINT)
-                made = bench_rows(url)
                 made.insert(payments)
                 settled = made.settled
             argv = ["queue", "work", "--drain"]

@@ -405,6 +405,8 @@ def test_each_timed_queue_drain_starts_after_a_checkpoint_when_the_role_may_run_
     False and no error, and the report says which it was."""
     import uuid
 
+    import psycopg
+    from psycopg import sql
     from sqlalchemy.engine import make_url
 
     from batch_assets.domains.payments.benchmark import bench_rows, settle
@@ -417,13 +419,13 @@ def test_each_timed_queue_drain_starts_after_a_checkpoint_when_the_role_may_run_
     rows = bench_rows(db_url)
     rows.insert(10)
     assert rows.settled is True and requested() > before
-    role = f"ba_bench_{uuid.uuid4().hex[:12]}"
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
-    try:
-        as_role = make_url(db_url).set(drivername="postgresql", username=role, password=None)
-        assert settle(as_role.render_as_string(hide_password=False)) is False
-    finally:
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.exec_driver_sql(f"DROP ROLE {role}")
+    name = f"ba_bench_{uuid.uuid4().hex[:12]}"
+    role = sql.Identifier(name)
+    with psycopg.connect(rows.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
+        try:
+            as_role = make_url(db_url).set(drivername="postgresql", username=name, password=None)
+            assert settle(as_role.render_as_string(hide_password=False)) is False
+        finally:
+            conn.execute(sql.SQL("DROP ROLE {}").format(role))
     rows.delete()
