@@ -57,13 +57,9 @@ def throughput_chart(report: dict[str, Any], path: Path) -> Path:
     # The scenarios the report has (a section may be absent, e.g. no naive estimate).
     series = [(group, label, entry, color) for group, label, entry, color in candidates if entry]
     if not series:  # e.g. `--only queue`: nothing swept
-        fig, ax = plt.subplots(figsize=(9, 3.2), dpi=DPI)
-        _not_measured(ax, "Sweeps not measured\n(neither the product's sweeps nor the references are in this run)")
-        fig.suptitle(f"Customer-status sweep\n{_subtitle(report)}", fontsize=11)
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        return path
+        return _not_measured_chart(report, path, "Customer-status sweep",
+                                   "Sweeps not measured\n(neither the product's sweeps nor the references are in "
+                                   "this run)")
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 6.2), dpi=DPI)
     ypos, yticks, ylabels, y = [], [], [], 0.0
@@ -168,13 +164,8 @@ def queue_chart(report: dict[str, Any], path: Path) -> Path:
     """Queue throughput (product, raw SKIP LOCKED floor, PgQueuer reference, HTTP stub) and pickup latency."""
     q = report.get("queue") or {}
     if q.get("status") != "measured":
-        fig, ax = plt.subplots(figsize=(9, 3.2), dpi=DPI)
-        _not_measured(ax, f"Queue section not measured\n{q.get('reason', 'no queue section in the report')}")
-        fig.suptitle(f"Payment queue\n{_subtitle(report)}", fontsize=11)
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        return path
+        return _not_measured_chart(report, path, "Payment queue",
+                                   f"Queue section not measured\n{q.get('reason', 'no queue section in the report')}")
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2), dpi=DPI, gridspec_kw={"width_ratios": [2.2, 1]})
     lo, hi = q["pgqueuer_reference_per_s"]
     stub = q["http_stub"]
@@ -225,6 +216,17 @@ def queue_chart(report: dict[str, Any], path: Path) -> Path:
 def _not_measured(ax: Any, text: str) -> None:
     ax.axis("off")
     ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=11, wrap=True, transform=ax.transAxes)
+
+
+def _not_measured_chart(report: dict[str, Any], path: Path, title: str, text: str) -> Path:
+    """A whole chart that only says what the run did not measure (a partial run, `--only`)."""
+    fig, ax = plt.subplots(figsize=(9, 3.2), dpi=DPI)
+    _not_measured(ax, text)
+    fig.suptitle(f"{title}\n{_subtitle(report)}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def draw_all(report: dict[str, Any], output_dir: Path, names: dict[str, str]) -> list[Path]:

@@ -20,8 +20,11 @@ refuses to start while other payments are NEW or PROCESSING (its workers would p
 Every timed drain starts right after a CHECKPOINT (`settle`, when the role may run one), so the floor, the
 product and the CLI's drains (bench/startup.py), measured minutes apart, each start at the same point of the
 server's checkpoint cycle: on a server with a small `max_wal_size` the sections before them keep it checkpointing
-every few seconds, and a drain that met a checkpoint paid a full-page image for the first change of every page
-(2026-12-04: the CLI's drain took 3.2 s by its own clock in the full bench, 2.2-2.3 s alone).
+every few seconds, and a drain that meets a checkpoint pays a full-page image for the first change of every page.
+(2026-12-04, full bench on a 1 GB `max_wal_size` server: without it the CLI's drains met two checkpoints the
+floor's had not, 0.48x the floor through the launcher; with it the floor, paying the same page images, fell from
+52.3k to 34.1k payments/s and the CLI's drain, 3.1 s by its own clock either way, gave 0.75x. It makes the two
+comparable; it makes neither faster.)
 """
 
 from __future__ import annotations
