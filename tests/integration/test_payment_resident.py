@@ -395,8 +395,9 @@ def test_kill_9_in_the_middle_of_a_bulk_flush(engine: sa.Engine, db_url: str, st
             # The worker is gone mid-statement; end its session too, so the flush is lost, not committed.
             watch.execute("SELECT pg_terminate_backend(%s)", (flushing[0],))
         blocker.rollback()
-        in_flight = {str(r[0]) for r in engine.connect().execute(
-            sa.text("SELECT id FROM payments WHERE status = 'PROCESSING'")).all()}
+        with engine.connect() as conn:
+            in_flight = {str(r[0]) for r in conn.execute(
+                sa.text("SELECT id FROM payments WHERE status = 'PROCESSING'")).all()}
         assert gate[0] in in_flight
         second = WorkerProcess(db_url, stub.url, knobs, tmp_path)
         try:
