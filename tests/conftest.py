@@ -8,17 +8,23 @@ database with every migration applied; each test that asks for `db_url` /
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import threading
 import uuid
+import weakref
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 import sqlalchemy as sa
 from helpers import SUITE_LAUNCHER
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from batch_assets.crypto import DobCipher, generate_key_text
@@ -58,6 +64,52 @@ def _server_url() -> str:
 
 def _with_db(url: str, name: str) -> str:
     return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+class _ClosedByCollector:
+    """Pooled connections that no code closed, per database: the garbage collector gave them back.
+
+    A Connection and its autobegun transaction reference each other, so a Connection nobody closes goes
+    back to its pool only when the cycle collector runs, at no fixed time: a check of checked-out
+    connections at a test's end sees it only if no collection happened first. This sees it always: each
+    checkout keeps a weak reference to the pool's proxy, and a checkin whose proxy is already dead came
+    from the collector, not from close() (which holds the proxy while it checks in)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._out: dict[int, tuple[weakref.ref[object], str]] = {}
+        self._returned: Counter[str] = Counter()
+
+    def checkout(self, dbapi_connection: object, record: object, proxy: object) -> None:
+        if not isinstance(dbapi_connection, psycopg.Connection):
+            return  # the product's driver only: not Dagster's storage (SQLite, or psycopg2 on PostgreSQL)
+        database = str(dbapi_connection.info.dbname)
+        with self._lock:
+            self._out[id(record)] = (weakref.ref(proxy), database)
+
+    def checkin(self, dbapi_connection: object, record: object) -> None:
+        with self._lock:
+            out = self._out.pop(id(record), None)
+            if out is not None and out[0]() is None:
+                self._returned[out[1]] += 1
+
+    def collect(self, database: str) -> int:
+        """Run the collector, then how many of `database`'s connections it (ever) gave back."""
+        gc.collect()
+        with self._lock:
+            return self._returned.pop(database, 0)
+
+
+CLOSED_BY_COLLECTOR = _ClosedByCollector()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _closed_by_collector() -> Iterator[None]:
+    event.listen(sa.pool.Pool, "checkout", CLOSED_BY_COLLECTOR.checkout)
+    event.listen(sa.pool.Pool, "checkin", CLOSED_BY_COLLECTOR.checkin)
+    yield
+    event.remove(sa.pool.Pool, "checkout", CLOSED_BY_COLLECTOR.checkout)
+    event.remove(sa.pool.Pool, "checkin", CLOSED_BY_COLLECTOR.checkin)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -123,8 +175,13 @@ def db_url(admin_engine: sa.Engine, server_url: str, template_db: str) -> Iterat
     """A database of this test's own, cloned from the migrated template."""
     name = f"ba_t_{uuid.uuid4().hex[:12]}"
     _create_db(admin_engine, name, template=template_db)
-    yield _with_db(server_url, name)
-    _drop_db(admin_engine, name)
+    try:
+        yield _with_db(server_url, name)
+        if leaked := CLOSED_BY_COLLECTOR.collect(name):
+            pytest.fail(f"{leaked} pooled connection(s) of this test's database were never closed: only the "
+                        "garbage collector gave them back (a connection leak)", pytrace=False)
+    finally:
+        _drop_db(admin_engine, name)
 
 
 def _checked_out(database: str, *engines: sa.Engine) -> int:
