@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batch_assets.domains.payments.errors import PermanentFailure, RetryAfter
+from batch_assets.errors import PermanentFailure, RetryAfter
 
 __version__ = "0.1.0"
 __all__ = ["PermanentFailure", "RetryAfter", "RowFailure", "SweepComponent", "TableQueueComponent", "__version__"]
@@ -10,9 +10,9 @@ __all__ = ["PermanentFailure", "RetryAfter", "RowFailure", "SweepComponent", "Ta
 # Declared jobs (CONTRACT §9, §10), imported on first use so `import batch_assets` stays cheap:
 # name -> the module that defines it.
 _LAZY = {
-    "RowFailure": "batch_assets.components.failures",
-    "SweepComponent": "batch_assets.components.sweep_component",
-    "TableQueueComponent": "batch_assets.components.table_queue",
+    "RowFailure": "batch_assets.errors",
+    "SweepComponent": "batch_assets.orchestration.components.sweep_component",
+    "TableQueueComponent": "batch_assets.orchestration.components.table_queue",
 }
 
 

@@ -29,13 +29,13 @@ def run_demo(
     emit: Callable[[dict[str, Any]], None],
     err: Callable[[str], None],
 ) -> int:
-    from batch_assets.crypto import cipher_from_settings
     from batch_assets.db.engine import connected_engine, describe_target
     from batch_assets.db.migrate import labels, migrate
-    from batch_assets.domains.customer_status.dagster import SweepConfig
-    from batch_assets.domains.outbox.dagster import OutboxRelayConfig
-    from batch_assets.domains.payments.dagster import QueueDrainConfig
-    from batch_assets.domains.subscriptions.dagster import ExpiryConfig
+    from batch_assets.orchestration.outbox_job import OutboxRelayConfig
+    from batch_assets.reference.customer_status.crypto import cipher_from_settings
+    from batch_assets.reference.customer_status.dagster import SweepConfig
+    from batch_assets.reference.payments.dagster import QueueDrainConfig
+    from batch_assets.reference.subscriptions.dagster import ExpiryConfig
     from batch_assets.run_dates import today_in
 
     run_date = today_in(settings.timezone)
@@ -47,20 +47,20 @@ def run_demo(
 
     seeded: dict[str, int] = {}
     if _count(engine, "customers") == 0:
-        from batch_assets.domains.customer_status.rules_store import rules_in_force
-        from batch_assets.domains.customer_status.seed import seed_customers
+        from batch_assets.reference.customer_status.rules_store import rules_in_force
+        from batch_assets.reference.customer_status.seed import seed_customers
 
         report = seed_customers(engine, cipher, rows, run_date=run_date, bad_fraction=0.002, seed=7,
                                 rules=rules_in_force(engine))
         seeded["customers"] = report.rows
         err(f"seeded {report.rows:,} customers in {report.duration_s:.1f}s")
     if _count(engine, "subscriptions") == 0:
-        from batch_assets.domains.subscriptions.seed import seed_subscriptions
+        from batch_assets.reference.subscriptions.seed import seed_subscriptions
 
         seeded["subscriptions"] = seed_subscriptions(engine, rows, seed=7, run_date=run_date)
         err(f"seeded {seeded['subscriptions']:,} subscriptions")
     if _count(engine, "payments") == 0:
-        from batch_assets.domains.payments.seed import seed_payments
+        from batch_assets.reference.payments.seed import seed_payments
 
         seeded["payments"] = seed_payments(engine, min(rows, 2_000), seed=7)
         err(f"seeded {seeded['payments']:,} payments")

@@ -1,6 +1,12 @@
-"""The project's own exceptions, and the exit codes of CONTRACT §2 they map to."""
+"""Every exception of batch_assets: the ones it raises, the exit codes they map to, and the signals a team's
+function raises to steer one row (`RowFailure`, `PermanentFailure`, `RetryAfter`).
+
+Kept free of heavy imports: a team's function imports its signals from `batch_assets` at its own import time.
+"""
 
 from __future__ import annotations
+
+import math
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -44,6 +50,40 @@ class LockStoreUnavailable(BatchAssetsError):
 
 class LeaseLost(BatchAssetsError):
     """This run no longer owns its lease; it must stop writing."""
+
+
+
+# --- what a team's function raises to steer its row -------------------------------------------------------
+
+
+class RowFailure(Exception):
+    """A sweep's `compute` cannot use this row's own data: counted under `failed_by_type[kind]`, the row not
+    written and, with a due column, left due. `kind` is a short lower-case word, e.g. `RowFailure("no_points")`."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+class PermanentFailure(Exception):
+    """Raised by a queue handler: the row is FAILED at once (no retry). Any other exception is transient."""
+
+
+class RetryAfter(Exception):
+    """Raised by a queue handler: a transient failure, tried again after `seconds` instead of the backoff.
+
+    The attempt is spent as for any transient failure (FAILED at max_attempts); the delay is clamped
+    to 0..the queue's `backoff.max_s`. `RetryAfter(30)` or `RetryAfter(30, "quota exhausted")`.
+    """
+
+    def __init__(self, seconds: float, message: str = "") -> None:
+        try:
+            value = float(seconds)
+        except (TypeError, ValueError):
+            value = math.nan
+        # A delay that is not a finite number falls back to the queue's backoff (None).
+        self.seconds: float | None = value if math.isfinite(value) else None
+        super().__init__(message or f"retry after {seconds}s")
 
 
 def first_line(text: str) -> str:

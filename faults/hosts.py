@@ -856,7 +856,7 @@ def _resumed_kinds(resumed: Any, keys: list[str]) -> dict[str, str]:
 
 def claim_lease_s() -> float:
     """The worker's claim lease as the product's settings say (the QueueSettings the worker imports, as on disk)."""
-    from batch_assets.domains.payments import worker
+    from batch_assets.reference.payments import worker
 
     return float(worker.QueueSettings().claim_lease_s)
 
@@ -1067,8 +1067,8 @@ def run(*, rows: int, ranges: int, payments: int, only: list[str] | None, workdi
 
 def _launch(args: argparse.Namespace) -> int:
     """The run process of a sweep on the celery job (the machine's side): its JSON summary is the last line."""
-    from batch_assets.domains.customer_status.dagster import SweepConfig
     from batch_assets.orchestration.launch import launch_job
+    from batch_assets.reference.customer_status.dagster import SweepConfig
     from batch_assets.settings import load_settings
 
     result = launch_job(

@@ -27,10 +27,10 @@ from helpers import SUITE_LAUNCHER
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
-from batch_assets.crypto import DobCipher, generate_key_text
 from batch_assets.db.engine import create_engine
 from batch_assets.db.migrate import migrate
 from batch_assets.locking.owner import make_owner, parse_owner, provably_dead
+from batch_assets.reference.customer_status.crypto import DobCipher, generate_key_text
 from batch_assets.settings import TEST_DATABASE_URL_VAR, environ_without_product
 
 REPO = Path(__file__).resolve().parent.parent
@@ -221,7 +221,7 @@ def key_text() -> str:
 
 @pytest.fixture(scope="session")
 def cipher(key_text: str) -> DobCipher:
-    from batch_assets.crypto import decode_key
+    from batch_assets.reference.customer_status.crypto import decode_key
 
     return DobCipher(decode_key(key_text))
 

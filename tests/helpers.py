@@ -145,9 +145,9 @@ WORKER_SCRIPT = textwrap.dedent(
     """
     import json, signal, sys, threading
     from batch_assets.db.engine import create_engine
-    from batch_assets.domains.payments.handler import HttpLimitsHandler
-    from batch_assets.domains.payments.queue import QueueSettings
-    from batch_assets.domains.payments.worker import run_worker
+    from batch_assets.reference.payments.handler import HttpLimitsHandler
+    from batch_assets.reference.payments.queue import QueueSettings
+    from batch_assets.reference.payments.worker import run_worker
 
     url, limits_url, knobs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     stop = threading.Event()

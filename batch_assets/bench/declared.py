@@ -18,9 +18,8 @@ import sqlalchemy as sa
 
 from batch_assets.bench import sweeps
 from batch_assets.bench.scratch import StatementCounter
-from batch_assets.components.failures import RowFailure
-from batch_assets.domains.customer_status.rules import evaluate, parse_dob
-from batch_assets.errors import DecryptError
+from batch_assets.errors import DecryptError, RowFailure
+from batch_assets.reference.customer_status.rules import evaluate, parse_dob
 
 NAME = "customer_status_declared"
 DECLARATION: dict[str, Any] = {
@@ -64,9 +63,9 @@ def compute(row: Any, run_date: date) -> dict[str, Any]:
 
 def prepare(engine: sa.Engine, cipher: Any, run_date: date) -> Any:
     """The declared form's full sweep for `run_date` (the declaration checked against the catalog, the rules read)."""
-    from batch_assets.components.declared_sweep import DeclaredSweep
-    from batch_assets.components.sweep_component import SweepComponent
-    from batch_assets.domains.customer_status.rules_store import current_rules
+    from batch_assets.engine.table_sweep import DeclaredSweep
+    from batch_assets.orchestration.components.sweep_component import SweepComponent
+    from batch_assets.reference.customer_status.rules_store import current_rules
 
     with engine.connect() as conn:
         _, rules = current_rules(conn)

@@ -64,8 +64,8 @@ def peak_rss_kib() -> int:
 def _child(run_date_text: str) -> int:
     from batch_assets.bench.scratch import reset_to_first_computation
     from batch_assets.bench.sweeps import run_sweep
-    from batch_assets.crypto import DobCipher, decode_key
     from batch_assets.db.engine import create_engine
+    from batch_assets.reference.customer_status.crypto import DobCipher, decode_key
 
     engine = create_engine(os.environ[DATABASE_URL_VAR], pool_size=10)
     cipher = DobCipher(decode_key(os.environ[ENCRYPTION_KEY_VAR]))

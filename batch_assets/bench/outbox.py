@@ -1,7 +1,7 @@
 """The outbox section: events/s to each broker with confirms on, beside a raw client loop, and the drain of a
 first computation's events (issue 19).
 
-The measurement belongs to the outbox domain (`batch_assets.domains.outbox.benchmark.run_outbox_bench`); the
+The measurement belongs to the outbox domain (`batch_assets.bench.outbox_relay.run_outbox_bench`); the
 bench runs it on its dedicated database after the sweeps. A broker that does not answer is "not measured"
 with the reason (a machine without brokers still gets a complete report); CI runs both.
 
@@ -32,7 +32,7 @@ GO_OUTBOX_REFERENCE_PER_S = 7_300.0
 
 def outbox_section(engine: sa.Engine, *, quick: bool, progress: Callable[[str], None] | None) -> dict[str, Any]:
     """{"status": "measured", "events", "batch_size", "brokers": {name: figures or why not}}."""
-    from batch_assets.domains.outbox.benchmark import BATCH_SIZE, ROUNDS, run_outbox_bench
+    from batch_assets.bench.outbox_relay import BATCH_SIZE, ROUNDS, run_outbox_bench
 
     events = QUICK_EVENTS if quick else FULL_EVENTS
     rounds = 1 if quick else ROUNDS  # CI stays fast; a full run takes turns to see past the machine's noise
@@ -45,11 +45,11 @@ def drain_section(base_url: str, cipher: Any, run_date: date, *, rows: int, work
                   progress: Callable[[str], None] | None) -> dict[str, Any]:
     """{"status": "measured", "rows", "events", "broker", "sweep_s", "drained_s", "peak_backlog", ...} or
     "not measured" with the reason (no broker answers)."""
+    from batch_assets.bench.outbox_relay import Drain, drain_broker
     from batch_assets.bench.sweeps import run_sweep
     from batch_assets.db.engine import create_engine
     from batch_assets.db.migrate import migrate
-    from batch_assets.domains.customer_status.seed import seed_customers
-    from batch_assets.domains.outbox.benchmark import Drain, drain_broker
+    from batch_assets.reference.customer_status.seed import seed_customers
 
     broker = drain_broker()
     if broker is None:

@@ -75,9 +75,9 @@ def _explain(conn: sa.Connection, statement: str | sa.TextClause, params: dict[s
 
 def explain_sweep_reads(engine: sa.Engine, run_date: date) -> list[dict[str, Any]]:
     """The delta and full-page reads, as the engine's reader sends them."""
-    from batch_assets.domains.customer_status import sql
-    from batch_assets.domains.customer_status.sweep import MAX_VALUE_BYTES
     from batch_assets.engine.runner import PIN_READ_PLAN_SQL
+    from batch_assets.reference.customer_status import sql
+    from batch_assets.reference.customer_status.sweep import MAX_VALUE_BYTES
 
     with engine.connect() as conn:
         middle = conn.exec_driver_sql(
@@ -107,8 +107,8 @@ CLAIM_PARAMS: dict[str, Any] = {"n": 100, "limit": 100, "batch_size": 100, "leas
 
 def explain_claim(engine: sa.Engine) -> dict[str, Any]:
     """The payment claim on CLAIM_SAMPLE_PAYMENTS NEW payments (removed afterwards)."""
-    from batch_assets.domains.payments import sql as payment_sql
-    from batch_assets.domains.payments.seed import copy_payments
+    from batch_assets.reference.payments import sql as payment_sql
+    from batch_assets.reference.payments.seed import copy_payments
 
     claim = payment_sql.CLAIM
     # The claim is a sa.text() with :name parameters, or a driver string with %(name)s ones.

@@ -2,7 +2,7 @@
 the worker was split into parts (`before_split`), pickup latency, the HTTP stub.
 
 The measurement itself belongs to the payments domain
-(`batch_assets.domains.payments.benchmark.run_queue_bench`); the bench calls it
+(`batch_assets.bench.payments.run_queue_bench`); the bench calls it
 on its dedicated database and keeps what it returns. When that module is not
 there, the section says so (`status: not measured`) and the checker fails
 unless told `--allow-missing queue`.
@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-QUEUE_MODULE = "batch_assets.domains.payments.benchmark"
+QUEUE_MODULE = "batch_assets.bench.payments"
 PGQUEUER_REFERENCE_PER_S = (5100.0, 6900.0)
 """PgQueuer's published throughput range (jobs/s), drawn beside ours as an outside reference."""
 

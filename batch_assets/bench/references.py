@@ -33,10 +33,10 @@ import psycopg
 import sqlalchemy as sa
 from psycopg.rows import TupleRow
 
-from batch_assets.crypto import DobCipher
 from batch_assets.db.engine import driver_connection
-from batch_assets.domains.customer_status.rules import Rules, evaluate, parse_dob
 from batch_assets.errors import DecryptError
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.rules import Rules, evaluate, parse_dob
 
 PAGE_SIZE = 1000
 """Page size of both references (the product's default page size too)."""

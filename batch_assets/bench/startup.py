@@ -44,7 +44,7 @@ CLI_FLOOR_GOAL = 1.0
 QUEUE_CLI_GOAL = 0.6
 """Queue workers started through the CLI settle at least this fraction of the raw floor's rate, by wall."""
 QUEUE_CLI_PROCESSES = 2
-NOOP_HANDLER = "batch_assets.domains.payments.noop:handle"
+NOOP_HANDLER = "batch_assets.reference.payments.noop:handle"
 
 
 def _child_env(url: str, key_text: str, home: Path) -> dict[str, str]:
@@ -203,7 +203,7 @@ def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
             if busy:
                 raise RuntimeError(f"{busy} payments already in the scratch database: the CLI queue probe needs none")
             _cli_run(["queue", "work", "--drain"], env)  # nothing due: the worker's start-up alone, warm instance
-            from batch_assets.domains.payments.benchmark import bench_rows, settle
+            from batch_assets.bench.payments import bench_rows, settle
 
             made = bench_rows(url)
             if rows == "seed":

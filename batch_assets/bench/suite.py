@@ -130,10 +130,10 @@ def _postgres_version(engine: sa.Engine) -> str:
 
 def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], None]) -> dict[str, Any]:
     """Run every measurement and return the report (nothing is written to disk here)."""
-    from batch_assets.crypto import DobCipher, decode_key, generate_key_text
     from batch_assets.db.engine import create_engine, resolve_database_url
     from batch_assets.db.migrate import migrate
-    from batch_assets.domains.customer_status.seed import seed_customers
+    from batch_assets.reference.customer_status.crypto import DobCipher, decode_key, generate_key_text
+    from batch_assets.reference.customer_status.seed import seed_customers
     from batch_assets.run_dates import today_in
 
     run_date = options.run_date or today_in(settings.timezone)
@@ -274,7 +274,7 @@ def _new_report(options: BenchOptions, run_date: date) -> dict[str, Any]:
 def _measure_references(report: dict[str, Any], options: BenchOptions, engine: sa.Engine, url: str,
                         cipher: Any, run_date: date, say: Progress) -> None:
     """The naive job on a sample (scaled to the table) and the single-stream floor, first computation and steady."""
-    from batch_assets.domains.customer_status.rules import DEFAULT_RULES
+    from batch_assets.reference.customer_status.rules import DEFAULT_RULES
 
     say.next(f"references: naive job on a {options.naive_sample:,}-row sample, then the single-stream floor")
     naive = report["references"]["naive"] = references.run_naive(

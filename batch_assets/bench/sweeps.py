@@ -30,8 +30,8 @@ def run_sweep(
     engine: sa.Engine, cipher: Any, mode: str, run_date: date, workers: int, *, say: Say | None = None, label: str = ""
 ) -> dict[str, Any]:
     """One sweep of the product with its real guard and checkpoints; the summary plus wall_s and rows_per_s."""
-    from batch_assets.domains.customer_status.job import run_customer_status_sweep
     from batch_assets.engine.settings import SweepSettings
+    from batch_assets.reference.customer_status.job import run_customer_status_sweep
 
     settings = SweepSettings(workers=workers, pool_size=max(10, workers + 4))
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
@@ -117,8 +117,8 @@ def measured(
 
 def change_rules(engine: sa.Engine) -> str:
     """Store the config-change scenario's rules as the new current version; returns them as text."""
-    from batch_assets.domains.customer_status.rules import Rules
-    from batch_assets.domains.customer_status.rules_store import set_rules
+    from batch_assets.reference.customer_status.rules import Rules
+    from batch_assets.reference.customer_status.rules_store import set_rules
 
     set_rules(engine, Rules.parse(CONFIG_CHANGE_RULES))
     return CONFIG_CHANGE_RULES

@@ -15,8 +15,8 @@ from batch_assets.settings import Settings
 
 
 def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.components.table_queue import checked_queues, install_queues
     from batch_assets.db.migrate import applied_versions, migrate
+    from batch_assets.orchestration.queues import checked_queues, install_queues
 
     engine = connected_engine(settings)
     # Every declared queue's table holds the queue's columns, or exit 2 naming the file and the column, before

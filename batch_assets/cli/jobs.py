@@ -42,7 +42,7 @@ def checked_declarations(settings: Settings, job: str | None = None) -> None:
 
     `jobs list` checks every declaration; `jobs run NAME` the one declaring NAME (and, when NAME is no job, any
     broken one, since it may be the one meant). Checked against the database too: its columns, key and types."""
-    from batch_assets.components.loader import from_config_error, load_declarations
+    from batch_assets.orchestration.components.loader import from_config_error, load_declarations
     from batch_assets.orchestration.registry import all_specs, declared
 
     specs, errors = declared()

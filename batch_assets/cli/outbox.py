@@ -15,7 +15,7 @@ from batch_assets.settings import Settings
 
 
 def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.outbox.dagster import OutboxRelayConfig
+    from batch_assets.orchestration.outbox_job import OutboxRelayConfig
 
     config, _ = build_config(
         OutboxRelayConfig, settings, batch_size=args.batch_size, follow=args.follow or None,
@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
     """outbox relay"""
     outbox = sub.add_parser("outbox", help="the outbox").add_subparsers(dest="outbox_command", required=True)
     rl = outbox.add_parser("relay", help="send PENDING outbox events to the sink")
-    from batch_assets.domains.outbox.relay import OutboxRelayJobSettings as relay
+    from batch_assets.outbox.relay import OutboxRelayJobSettings as relay
 
     add_setting(rl, relay, "batch_size")
     add_setting(rl, relay, "follow")

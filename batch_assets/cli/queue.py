@@ -46,8 +46,8 @@ def queue_name(text: str) -> str:
 
 def _store(args: argparse.Namespace, settings: Settings) -> tuple[Any, Any]:
     """(engine, the store of `--queue`), the table checked against the declaration (exit 2 naming file and column)."""
-    from batch_assets.components.loader import from_config_error
-    from batch_assets.components.table_queue import find_queue
+    from batch_assets.orchestration.components.loader import from_config_error
+    from batch_assets.orchestration.queues import find_queue
 
     path, declaration = find_queue(args.queue)
     engine = connected_engine(settings)
@@ -58,7 +58,7 @@ def _store(args: argparse.Namespace, settings: Settings) -> tuple[Any, Any]:
 
 
 def cmd_queue_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.payments.queue import enqueue
+    from batch_assets.reference.payments.queue import enqueue
 
     if args.count <= 0:
         raise ConfigError(f"must be positive, got {args.count}", field="count")
@@ -69,14 +69,14 @@ def cmd_queue_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.components.table_queue import find_queue
+    from batch_assets.orchestration.queues import find_queue
 
     path, declaration = find_queue(args.queue)
     options = {"concurrency": args.concurrency, "max_seconds": args.max_seconds, "drain": bool(args.drain),
                "db_outage_s": args.db_outage_s}
     if path is None:  # the payments queue (CONTRACT §7)
-        from batch_assets.domains.payments.dagster import QueueDrainConfig
-        from batch_assets.domains.payments.handler import load_plugin, plugin_spec_from_environment
+        from batch_assets.reference.payments.dagster import QueueDrainConfig
+        from batch_assets.reference.payments.handler import load_plugin, plugin_spec_from_environment
 
         config, _ = build_config(QueueDrainConfig, settings, **options)
         spec = plugin_spec_from_environment()
@@ -85,7 +85,7 @@ def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
         connected_engine(settings)
         return run_job("payment_queue_drain_job", config, settings)
     from batch_assets.cli.jobs import checked_declarations
-    from batch_assets.domains.queue.dagster import QueueWorkConfig, job_name
+    from batch_assets.orchestration.queue_job import QueueWorkConfig, job_name
 
     work_config, _ = build_config(QueueWorkConfig, settings, **options)
     _store(args, settings)  # the table holds every column, or exit 2 naming the file and the column
@@ -162,7 +162,7 @@ def register(sub: Any) -> None:
     en.add_argument("--priority", type=priority_value, default=0,
                     help="higher is claimed first; a due payment gains 1 per minute it waits (default 0)")
     en.set_defaults(func=cmd_queue_enqueue)
-    from batch_assets.domains.queue.settings import QueueRunSettings
+    from batch_assets.queue.settings import QueueRunSettings
 
     wk = queue.add_parser("work", help="the resident worker (until SIGTERM/SIGINT, --max-seconds or --drain)")
     _queue_option(wk)

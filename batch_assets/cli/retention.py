@@ -11,7 +11,7 @@ from batch_assets.settings import Settings
 
 
 def cmd_retention_run(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.retention.dagster import RetentionConfig, retention_job
+    from batch_assets.orchestration.retention_job import RetentionConfig, retention_job
 
     config, _ = build_config(RetentionConfig, settings, older_than_days=args.older_than_days,
                              batch_size=args.batch_size)
@@ -20,7 +20,7 @@ def cmd_retention_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Any) -> None:
     """retention run: its options derive from RetentionSettings (type, bounds, help)."""
-    from batch_assets.domains.retention.retention import RetentionSettings
+    from batch_assets.retention.prune import RetentionSettings
 
     group = sub.add_parser("retention", help="prune what the product itself keeps").add_subparsers(
         dest="retention_command", required=True)

@@ -14,7 +14,7 @@ from batch_assets.settings import Settings
 
 
 def cmd_rules_show(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.customer_status.rules_store import current_rules
+    from batch_assets.reference.customer_status.rules_store import current_rules
 
     with connected_engine(settings).connect() as conn:
         version, rules = current_rules(conn)
@@ -25,8 +25,8 @@ def cmd_rules_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_rules_set(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.customer_status.rules import Rules, parse_pairs
-    from batch_assets.domains.customer_status.rules_store import change_rules
+    from batch_assets.reference.customer_status.rules import Rules, parse_pairs
+    from batch_assets.reference.customer_status.rules_store import change_rules
 
     parse_pairs(args.thresholds)  # malformed text: exit 2 before connecting
     if args.replace:

@@ -14,17 +14,17 @@ from batch_assets.cli.args import (
     today_in,
 )
 from batch_assets.cli.output import emit, err
-from batch_assets.crypto import cipher_from_settings
 from batch_assets.db.engine import connected_engine
-from batch_assets.domains.customer_status.rules_store import rules_in_force
 from batch_assets.errors import (
     EXIT_OK,
 )
+from batch_assets.reference.customer_status.crypto import cipher_from_settings
+from batch_assets.reference.customer_status.rules_store import rules_in_force
 from batch_assets.settings import Settings
 
 
 def cmd_seed_customers(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.customer_status.seed import check_fraction, seed_customers
+    from batch_assets.reference.customer_status.seed import check_fraction, seed_customers
 
     check_fraction(args.due_fraction, "due_fraction")
     check_fraction(args.bad_fraction, "bad_fraction")
@@ -52,9 +52,9 @@ def cmd_seed_customers(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_seed_subscriptions(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.subscriptions.seed import seed_subscriptions
+    from batch_assets.reference.subscriptions.seed import seed_subscriptions
 
-    check = __import__("batch_assets.domains.customer_status.seed", fromlist=["check_fraction"]).check_fraction
+    check = __import__("batch_assets.reference.customer_status.seed", fromlist=["check_fraction"]).check_fraction
     check(args.expired_fraction, "expired_fraction")
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
     engine = connected_engine(settings)
@@ -68,7 +68,7 @@ def cmd_seed_subscriptions(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_seed_payments(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.payments.seed import seed_payments
+    from batch_assets.reference.payments.seed import seed_payments
 
     engine = connected_engine(settings)
     started = datetime.now()

@@ -19,7 +19,7 @@ from batch_assets.settings import Settings
 
 
 def cmd_subscriptions_expire(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.subscriptions.dagster import ExpiryConfig
+    from batch_assets.reference.subscriptions.dagster import ExpiryConfig
 
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
     config, _ = build_config(ExpiryConfig, settings, run_date=run_date.isoformat(),

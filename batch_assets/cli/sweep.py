@@ -15,12 +15,12 @@ from batch_assets.cli.common import (
     build_config,
     run_job,
 )
-from batch_assets.crypto import cipher_from_settings
+from batch_assets.reference.customer_status.crypto import cipher_from_settings
 from batch_assets.settings import Settings
 
 
 def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.domains.customer_status.dagster import SweepConfig
+    from batch_assets.reference.customer_status.dagster import SweepConfig
 
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
     config, _ = build_config(
@@ -44,7 +44,7 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: Any) -> None:
     """sweep customer-status: its options derive from CustomerStatusSettings (type, bounds, choices, help)."""
-    from batch_assets.domains.customer_status.job import CustomerStatusSettings as Model
+    from batch_assets.reference.customer_status.job import CustomerStatusSettings as Model
 
     sweep = sub.add_parser("sweep", help="run a sweep").add_subparsers(dest="sweep_name", required=True)
     cs = sweep.add_parser("customer-status", help="the customer-status sweep (CONTRACT §5)")

@@ -1,7 +1,7 @@
 """The job registry: every job of batch_assets, one line each.
 
 `definitions.py` (the code location) and the CLI (through `orchestration.launch`) read it. A new
-job is one folder, `batch_assets/domains/<name>/` with a `dagster.py` that declares its `SPEC`, and
+job is one folder, `batch_assets/reference/<name>/` with a `dagster.py` that declares its `SPEC`, and
 one line in `JOB_MODULES` below (docs/DESIGN.md walks through adding one).
 
 What spans the jobs is built here from their specs: the failure alert (which also gives back a
@@ -32,12 +32,12 @@ from batch_assets.settings import Settings
 log = logging.getLogger(__name__)
 
 JOB_MODULES: dict[str, tuple[str, ...]] = {
-    "batch_assets.domains.customer_status.dagster": (
+    "batch_assets.reference.customer_status.dagster": (
         "customer_status_sweep_job", "customer_status_sweep_celery_job", "customer_status_asset_job"),
-    "batch_assets.domains.subscriptions.dagster": ("subscription_expiry_job",),
-    "batch_assets.domains.payments.dagster": ("payment_queue_drain_job", "payment_status_observation_job"),
-    "batch_assets.domains.outbox.dagster": ("outbox_relay_job",),
-    "batch_assets.domains.retention.dagster": ("retention_job",),
+    "batch_assets.reference.subscriptions.dagster": ("subscription_expiry_job",),
+    "batch_assets.reference.payments.dagster": ("payment_queue_drain_job", "payment_status_observation_job"),
+    "batch_assets.orchestration.outbox_job": ("outbox_relay_job",),
+    "batch_assets.orchestration.retention_job": ("retention_job",),
 }
 """The product's jobs: each domain's `dagster.py` (its `SPEC`) and the job names that SPEC answers for
 (`JobSpec.job_names`; tests/dagster/test_registry.py holds the two equal). A domain's module is imported
@@ -86,7 +86,7 @@ def _product_spec_named(job_name: str) -> JobSpec | None:
 def declared() -> tuple[tuple[JobSpec, ...], list[ConfigError]]:
     """The jobs declared in defs.yaml files under BATCH_ASSETS_DEFS_DIR (CONTRACT §9, §10), and the declarations
     that cannot work (each names its file and attribute). Built once per state of the files."""
-    from batch_assets.components.loader import load_declarations
+    from batch_assets.orchestration.components.loader import load_declarations
 
     try:
         found = load_declarations()
@@ -107,13 +107,13 @@ def declared() -> tuple[tuple[JobSpec, ...], list[ConfigError]]:
         try:
             built = list(build())
         except ConfigError as exc:
-            from batch_assets.components.loader import from_config_error
+            from batch_assets.orchestration.components.loader import from_config_error
 
             errors.append(from_config_error(loaded.path, exc))
             continue
         clash = next((name for spec in built for name in spec.job_names if name in taken), None)
         if clash is not None:
-            from batch_assets.components.loader import DeclarationError
+            from batch_assets.orchestration.components.loader import DeclarationError
 
             clashing = DeclarationError(loaded.path, "name", f"{clash!r} is already a job of the code location")
             clashing.declares = clash

@@ -1,4 +1,4 @@
-"""Resources: the database, the encryption key, the job lock, the checkpoint store, the alert sink and the calendar.
+"""Resources: the database, the job lock, the checkpoint store, the alert sink and the calendar.
 
 Each is a `ConfigurableResource` set up once per process (per step process under
 the multiprocess and celery executors) and disposed at teardown. Secrets reach
@@ -8,7 +8,6 @@ decrypted value is ever logged or put in metadata.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from datetime import date
@@ -19,7 +18,6 @@ import sqlalchemy as sa
 from pydantic import Field, PrivateAttr
 
 from batch_assets.alerts import send_alert
-from batch_assets.crypto import DobCipher, cipher_for, load_key
 from batch_assets.db.engine import (
     DEFAULT_POOL_SIZE,
     create_engine,
@@ -34,7 +32,6 @@ from batch_assets.settings import (
     ALERT_WEBHOOK_VAR,
     DATABASE_URL_VAR,
     DEFAULT_RUN_DATE_WINDOW_DAYS,
-    ENCRYPTION_KEY_VAR,
     REDIS_URL_VAR,
     RUN_DATE_WINDOW_VAR,
     TIMEZONE_VAR,
@@ -85,27 +82,6 @@ class DatabaseResource(dg.ConfigurableResource):
         for engine in self._engines.values():
             engine.dispose()
         self._engines = {}
-
-
-class EncryptionResource(dg.ConfigurableResource):
-    """The AES-256-GCM date-of-birth key: EnvVar BATCH_ASSETS_ENCRYPTION_KEY, or the dev key in embedded mode."""
-
-    key: str | None = Field(
-        default=None,
-        description="URL-safe base64 key, set through EnvVar BATCH_ASSETS_ENCRYPTION_KEY only (never in run config).",
-    )
-
-    _cipher: DobCipher | None = PrivateAttr(default=None)
-
-    def cipher(self) -> DobCipher:
-        """The process's cipher, decoded once per resource (plan and ranges of an in-process run share it);
-        a missing or malformed key is a ConfigError naming the variable."""
-        if self._cipher is None:
-            settings = load_settings()
-            if self.key:
-                settings = dataclasses.replace(settings, encryption_key=self.key)
-            self._cipher = cipher_for(load_key(settings))
-        return self._cipher
 
 
 class JobLockResource(dg.ConfigurableResource):
@@ -190,7 +166,6 @@ def default_resources() -> dict[str, Any]:
     """The resources of the code location, keyed by the op parameter names."""
     return {
         "database": DatabaseResource(url=_env(DATABASE_URL_VAR)),
-        "encryption": EncryptionResource(key=_env(ENCRYPTION_KEY_VAR)),
         "job_lock": JobLockResource(redis_url=_env(REDIS_URL_VAR)),
         "checkpoints": CheckpointsResource(),
         "alerts": AlertsResource(webhook=_env(ALERT_WEBHOOK_VAR)),

@@ -3,7 +3,7 @@
 Everything here talks to the product only through its contract (../shared/CONTRACT.md):
 the command line, its exit codes and JSON summary, and the tables of §3. The
 age-category oracle below is written from CONTRACT §5 on purpose, independently of
-`batch_assets.domains.customer_status.rules`, so a bug there cannot hide itself.
+`batch_assets.reference.customer_status.rules`, so a bug there cannot hide itself.
 """
 
 from __future__ import annotations

@@ -293,7 +293,7 @@ def test_explicit_database_url_without_key_exits_2_before_touching_data(cli_env,
 
 def test_wrong_key_trips_the_breaker_and_writes_nothing(cli_env, engine):
     """A wrong key makes every decryption fail: the breaker trips, exit 1, status FAILURE, customers untouched."""
-    from batch_assets.crypto import generate_key_text
+    from batch_assets.reference.customer_status.crypto import generate_key_text
 
     seed_customers(cli_env, 1500, "--seed", "7")
     before = customers_snapshot(engine)
@@ -310,7 +310,7 @@ def test_wrong_key_trips_the_breaker_and_writes_nothing(cli_env, engine):
 
 def test_after_a_failed_run_the_next_run_is_not_skipped(cli_env, engine, cipher):
     """A run that ended (here: tripped breaker) holds no lock: the next run with the right key runs (not exit 75)."""
-    from batch_assets.crypto import generate_key_text
+    from batch_assets.reference.customer_status.crypto import generate_key_text
 
     seeded = seed_customers(cli_env, 1200, "--seed", "8")
     run_date = summary_run_date(seeded)

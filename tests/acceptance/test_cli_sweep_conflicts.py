@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from _cli import CliProcess, ok, oracle, rows, scalar, today_utc, wait_for
 
-from batch_assets.crypto import DobCipher
+from batch_assets.reference.customer_status.crypto import DobCipher
 
 pytestmark = pytest.mark.integration
 

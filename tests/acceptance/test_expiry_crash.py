@@ -9,7 +9,7 @@ from datetime import date
 import pytest
 from _cli import EXIT_OK, EXIT_SKIPPED, CliProcess, execute, run_cli, scalar, wait_for
 
-from batch_assets.domains.subscriptions.seed import seed_subscriptions
+from batch_assets.reference.subscriptions.seed import seed_subscriptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -72,7 +72,7 @@ def test_no_secret_in_stdout_stderr_or_the_dagster_event_log(cli_env, db_url, en
         results.append(run_cli(env, "sweep", "customer-status", "--mode", mode, "--run-date", run_date.isoformat()))
     results.append(run_cli(env, "outbox", "relay"))
     # Failure paths print the most: a wrong key (breaker), a missing key, an unreachable lock store.
-    from batch_assets.crypto import generate_key_text
+    from batch_assets.reference.customer_status.crypto import generate_key_text
 
     results.append(run_cli(dict(env, BATCH_ASSETS_ENCRYPTION_KEY=generate_key_text()),
                            "sweep", "customer-status", "--mode", "full"))
@@ -111,8 +111,8 @@ def test_no_secret_in_stdout_stderr_or_the_dagster_event_log(cli_env, db_url, en
 def test_a_resumed_delta_shows_no_next_review_date(cli_env, engine):
     """A delta resumed after a checkpoint [next_review_date, id] (written by another connection) names only the
     id: no customer's next_review_date in stdout/stderr, the Dagster event log or ba_run_history."""
-    from batch_assets.domains.customer_status.job import checkpoint_fingerprint
-    from batch_assets.domains.customer_status.rules_store import current_rules
+    from batch_assets.reference.customer_status.job import checkpoint_fingerprint
+    from batch_assets.reference.customer_status.rules_store import current_rules
 
     env = dict(cli_env, BATCH_ASSETS_RUN_DATE_WINDOW_DAYS="36500")
     seed = run_cli(env, "seed", "customers", "--rows", "600", "--seed", "53")

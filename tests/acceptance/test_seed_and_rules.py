@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from _cli import EXIT_USAGE, ok, run_cli, scalar, seed_customers
 
-from batch_assets.domains.customer_status.seed import first_seeded_id
+from batch_assets.reference.customer_status.seed import first_seeded_id
 
 pytestmark = [pytest.mark.integration]
 
@@ -47,8 +47,8 @@ def test_a_collision_the_check_cannot_see_rolls_the_whole_copy_back(engine, ciph
     """A row of the seed's sequence other than the first already there: ConfigError naming seed, nothing added."""
     from datetime import date
 
-    from batch_assets.domains.customer_status.seed import seed_customers as seed_rows
     from batch_assets.errors import ConfigError
+    from batch_assets.reference.customer_status.seed import seed_customers as seed_rows
 
     seed_rows(engine, cipher, 20, run_date=date(2026, 12, 1), seed=11)
     with engine.begin() as conn:  # the first id is free again, the 19 others are not

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from batch_assets.bench import declared, scratch, sweeps
-from batch_assets.domains.customer_status.seed import seed_customers
+from batch_assets.reference.customer_status.seed import seed_customers
 
 RUN_DATE = date(2026, 12, 1)
 

@@ -18,12 +18,12 @@ import pytest
 import sqlalchemy as sa
 from helpers import write_module
 
-from batch_assets.components.sweep_component import SweepComponent
 from batch_assets.engine.definition import RunContext
 from batch_assets.engine.ranges import CursorRange
 from batch_assets.engine.result import SweepResult
 from batch_assets.engine.runner import run_sweep
 from batch_assets.engine.settings import SweepSettings
+from batch_assets.orchestration.components.sweep_component import SweepComponent
 
 RUN_DATE = date(2026, 12, 1)
 LOYALTY = {
@@ -48,7 +48,7 @@ def component(**overrides: Any) -> SweepComponent:
 def sweep(engine: sa.Engine, declared: SweepComponent, mode: str = "full", *, run_date: date = RUN_DATE,
           cursor_range: CursorRange | None = None, **settings: Any) -> SweepResult:
     target = declared.target(engine)
-    from batch_assets.components.declared_sweep import DeclaredSweep
+    from batch_assets.engine.table_sweep import DeclaredSweep
 
     definition = DeclaredSweep(target, mode, run_date)
     values = {"page_size": 100, "workers": 2, **settings}
@@ -221,7 +221,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_with_integer_keys(engine: sa.
     halfway (the stop event set by the function itself after 300 rows) resumes after its last finished page."""
     import threading
 
-    from batch_assets.components.declared_sweep import DeclaredSweep
+    from batch_assets.engine.table_sweep import DeclaredSweep
     from batch_assets.locking.checkpoint import CheckpointStore
 
     write_module(functions, "stopper", """

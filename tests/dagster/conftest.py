@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.seed import seed_customers
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.seed import seed_customers
 from batch_assets.settings import Settings, load_settings
 
 RUN_DATE = date(2025, 6, 1)

@@ -16,17 +16,17 @@ import sqlalchemy as sa
 from helpers import sensor_resources
 
 from batch_assets import run_history
-from batch_assets.crypto import DobCipher
 from batch_assets.definitions import defs as load_defs
-from batch_assets.domains.customer_status.dagster import (
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.dagster import (
     RULES_KEY_TAG,
     RulesSensorState,
     SweepConfig,
     sweep_run_config,
 )
-from batch_assets.domains.customer_status.rules import Rules
-from batch_assets.domains.customer_status.rules_store import set_rules
-from batch_assets.domains.customer_status.seed import seed_customers
+from batch_assets.reference.customer_status.rules import Rules
+from batch_assets.reference.customer_status.rules_store import set_rules
+from batch_assets.reference.customer_status.seed import seed_customers
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
@@ -82,7 +82,7 @@ def test_a_rules_change_swept_while_a_cli_sweep_holds_the_lock_ends_with_exactly
 ) -> None:
     """The first config-change run is SKIPPED (a CLI sweep holds the lock); the sensor requests it again until
     one run for the fingerprint succeeds, then never again."""
-    monkeypatch.setattr("batch_assets.domains.customer_status.dagster.RULES_RETRY_BASE_S", 0.0)  # no backoff here
+    monkeypatch.setattr("batch_assets.reference.customer_status.dagster.RULES_RETRY_BASE_S", 0.0)  # no backoff here
     seed_customers(engine, cipher, 60_000, run_date=date(2025, 6, 1), seed=21)
     out = (tmp_path / "cli.out").open("w")
     cli = subprocess.Popen(

@@ -16,8 +16,8 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from batch_assets.domains.customer_status.dagster import SweepConfig
 from batch_assets.orchestration.launch import launch_job, repo_root
+from batch_assets.reference.customer_status.dagster import SweepConfig
 from batch_assets.settings import Settings
 
 pytestmark = [

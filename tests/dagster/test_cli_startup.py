@@ -18,10 +18,10 @@ import pytest
 import sqlalchemy as sa
 from helpers import kill_session
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.seed import seed_customers
-from batch_assets.domains.payments.seed import seed_payments
 from batch_assets.orchestration import registry
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.seed import seed_customers
+from batch_assets.reference.payments.seed import seed_payments
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 
@@ -29,9 +29,9 @@ NOT_FOR_A_SWEEP = (
     "pandas", "numpy", "matplotlib", "httpx", "celery", "aio_pika", "nats", "redis",
     "pygments.lexers.agile",  # what Mako's exceptions module imports to colour HTML error pages (Alembic imports it)
     "batch_assets.definitions",
-    "batch_assets.domains.payments.dagster", "batch_assets.domains.outbox.dagster",
-    "batch_assets.domains.subscriptions.dagster", "batch_assets.domains.retention.dagster",
-    "batch_assets.domains.queue.worker",
+    "batch_assets.reference.payments.dagster", "batch_assets.orchestration.outbox_job",
+    "batch_assets.reference.subscriptions.dagster", "batch_assets.orchestration.retention_job",
+    "batch_assets.queue.worker",
 )
 """What a customer-status sweep run through the CLI does not need (its job module is customer_status.dagster)."""
 
@@ -98,7 +98,7 @@ def test_a_cli_delta_sweep_imports_only_its_own_job(cli_env: dict[str, str], eng
     assert summary["status"] == "SUCCESS" and summary["changed"] == rows
     summary, modules = _cli_modules([*sweep, "delta"], cli_env, tmp_path)
     assert summary["status"] == "SUCCESS" and summary["scanned"] == 0 and summary["run_id"]
-    assert "batch_assets.domains.customer_status.dagster" in modules and "dagster" in modules
+    assert "batch_assets.reference.customer_status.dagster" in modules and "dagster" in modules
     loaded = sorted(name for name in NOT_FOR_A_SWEEP if name in modules)
     assert loaded == [], f"imported by a CLI delta sweep: {loaded}"
 

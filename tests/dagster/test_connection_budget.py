@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 from helpers import SLOW_WRITES
 
-from batch_assets.crypto import DobCipher
 from batch_assets.db.engine import RUN_APPLICATION_PREFIX
-from batch_assets.domains.customer_status.seed import seed_customers
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.orchestration.budget import OTHER_JOBS, range_step_connections, run_connections
 from batch_assets.orchestration.launch import ensure_instance, launch_job
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.seed import seed_customers
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration, pytest.mark.slow]

@@ -8,10 +8,10 @@ import dagster as dg
 import pytest
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.domains.customer_status.dagster import SweepConfig
-from batch_assets.domains.outbox.dagster import OutboxRelayConfig
-from batch_assets.domains.payments.dagster import QueueDrainConfig
-from batch_assets.domains.subscriptions.dagster import ExpiryConfig
+from batch_assets.orchestration.outbox_job import OutboxRelayConfig
+from batch_assets.reference.customer_status.dagster import SweepConfig
+from batch_assets.reference.payments.dagster import QueueDrainConfig
+from batch_assets.reference.subscriptions.dagster import ExpiryConfig
 from batch_assets.settings import load_settings
 
 pytestmark = pytest.mark.dagster

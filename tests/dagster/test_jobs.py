@@ -7,13 +7,13 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets import run_history
-from batch_assets.domains.customer_status.dagster import SweepConfig
-from batch_assets.domains.outbox.dagster import OutboxRelayConfig
-from batch_assets.domains.payments.dagster import QueueDrainConfig
-from batch_assets.domains.subscriptions.dagster import ExpiryConfig
 from batch_assets.errors import ConfigError
 from batch_assets.locking.lock import PostgresJobLock
 from batch_assets.orchestration.launch import ensure_instance, get_job, launch_job, reexecute_from_failure
+from batch_assets.orchestration.outbox_job import OutboxRelayConfig
+from batch_assets.reference.customer_status.dagster import SweepConfig
+from batch_assets.reference.payments.dagster import QueueDrainConfig
+from batch_assets.reference.subscriptions.dagster import ExpiryConfig
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
@@ -203,7 +203,7 @@ def test_failed_sweep_gives_back_lock_and_lease_and_the_next_run_gets_in(
     dagster_env: Settings, engine: sa.Engine, seeded: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sweep whose breaker trips (wrong key) releases its lock and lease; the next run is not skipped."""
-    from batch_assets.crypto import generate_key_text
+    from batch_assets.reference.customer_status.crypto import generate_key_text
     from batch_assets.settings import load_settings
 
     monkeypatch.setenv("BATCH_ASSETS_ENCRYPTION_KEY", generate_key_text())

@@ -10,9 +10,9 @@ import dagster as dg
 import pytest
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.domains.customer_status.dagster import SWEEP_ASSET_KEYS, SWEEP_TAGS
 from batch_assets.orchestration.coordinator import BatchAssetsRunCoordinator
 from batch_assets.orchestration.launch import repo_root, workspace_job_origin
+from batch_assets.reference.customer_status.dagster import SWEEP_ASSET_KEYS, SWEEP_TAGS
 from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster

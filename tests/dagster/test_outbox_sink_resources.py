@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from brokers import NATS_URL, nats_delete, nats_read, require, unique_name
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.domains.outbox.dagster import (
+from batch_assets.orchestration.outbox_job import (
     FileSinkResource,
     NatsSinkResource,
     RabbitMQSinkResource,

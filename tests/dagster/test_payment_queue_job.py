@@ -6,9 +6,9 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.domains.payments import queue
-from batch_assets.domains.payments.dagster import QueueDrainConfig
 from batch_assets.orchestration.launch import launch_job
+from batch_assets.reference.payments import queue
+from batch_assets.reference.payments.dagster import QueueDrainConfig
 from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster
@@ -18,7 +18,7 @@ def test_drain_records_numeric_metadata_on_payment_status(
     dagster_env: Settings, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every drain materializes payment_status with throughput, oldest due age, DLQ size and breaker as numbers."""
-    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.domains.payments.noop:handle")
+    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.reference.payments.noop:handle")
     queue.enqueue(engine, 50, seed=41)
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO payments (id, amount_cents, status) VALUES (gen_random_uuid(), 1, 'FAILED')"))
@@ -61,11 +61,11 @@ def test_the_handler_is_a_resource_bound_by_env_var(dagster_env: Settings, monke
     """The drain takes its handler from the payment_handler resource: BATCH_ASSETS_PAYMENT_HANDLER and
     BATCH_ASSETS_LIMITS_URL reach it as EnvVars (shown by name, never by value); unset = None (the simulation)."""
     from batch_assets.definitions import defs as load_defs
-    from batch_assets.domains.payments.dagster import PaymentHandlerResource
-    from batch_assets.domains.payments.handler import SimulatedHandler
-    from batch_assets.domains.queue.settings import QueueSettings
+    from batch_assets.queue.settings import QueueSettings
+    from batch_assets.reference.payments.dagster import PaymentHandlerResource
+    from batch_assets.reference.payments.handler import SimulatedHandler
 
-    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.domains.payments.noop:handle")
+    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.reference.payments.noop:handle")
     monkeypatch.setenv("BATCH_ASSETS_LIMITS_URL", "http://127.0.0.1:9/limits")
     resource = load_defs().resources["payment_handler"]  # type: ignore[index]
     assert isinstance(resource, PaymentHandlerResource)
@@ -87,7 +87,7 @@ def test_a_second_launch_in_one_process_follows_the_environment_of_its_own_time(
     it, the second run reused the first one's EnvVar binding of BATCH_ASSETS_PAYMENT_HANDLER, unset since, and was
     refused with "Error in config for job payment_queue_drain_job" (the gate saw it when test_one_view followed this
     file in one process)."""
-    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.domains.payments.noop:handle")
+    monkeypatch.setenv("BATCH_ASSETS_PAYMENT_HANDLER", "batch_assets.reference.payments.noop:handle")
     queue.enqueue(engine, 3, seed=43)
     first = launch_job("payment_queue_drain_job", QueueDrainConfig(drain=True, max_seconds=30), settings=dagster_env)
     assert first.dagster_status == "SUCCESS" and first.summary["changed"] == 3, first.summary

@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets import run_history
-from batch_assets.domains.customer_status.dagster import SweepConfig, split_key_space
 from batch_assets.orchestration.launch import launch_job
+from batch_assets.reference.customer_status.dagster import SweepConfig, split_key_space
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]

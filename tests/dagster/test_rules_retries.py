@@ -11,9 +11,9 @@ import sqlalchemy as sa
 from helpers import AlertWebhook, sensor_resources, wait_for
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.domains.customer_status import dagster as cs
-from batch_assets.domains.customer_status.rules import Rules
-from batch_assets.domains.customer_status.rules_store import set_rules
+from batch_assets.reference.customer_status import dagster as cs
+from batch_assets.reference.customer_status.rules import Rules
+from batch_assets.reference.customer_status.rules_store import set_rules
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]

@@ -10,11 +10,11 @@ import sqlalchemy as sa
 from helpers import AlertWebhook, sensor_resources
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.domains.customer_status.dagster import RulesSensorState
-from batch_assets.domains.customer_status.rules import Rules
-from batch_assets.domains.customer_status.rules_store import set_rules
-from batch_assets.domains.payments.dagster import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_job
 from batch_assets.orchestration.launch import get_job
+from batch_assets.reference.customer_status.dagster import RulesSensorState
+from batch_assets.reference.customer_status.rules import Rules
+from batch_assets.reference.customer_status.rules_store import set_rules
+from batch_assets.reference.payments.dagster import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_job
 from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster
@@ -82,7 +82,7 @@ def _succeed(instance: dg.DagsterInstance, engine: sa.Engine, request: dg.RunReq
     from datetime import UTC, datetime
 
     from batch_assets import run_history
-    from batch_assets.domains.customer_status.dagster import customer_status_sweep_job
+    from batch_assets.reference.customer_status.dagster import customer_status_sweep_job
 
     run = instance.create_run_for_job(job_def=customer_status_sweep_job, status=dg.DagsterRunStatus.SUCCESS,
                                       tags=request.tags)
@@ -95,7 +95,7 @@ def test_queue_drain_sensor_waits_for_the_last_drain_and_never_starts_two(
     dagster_env: Settings, engine: sa.Engine, db_url: str
 ) -> None:
     """Payments due, no drain yet: start one; one in progress: skip; one just finished: skip until the interval."""
-    from batch_assets.domains.payments.queue import enqueue
+    from batch_assets.reference.payments.queue import enqueue
 
     def tick() -> dg.SensorResult:
         with dg.build_sensor_context(

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from helpers import wait_for
 
 from batch_assets import run_history
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.dagster import SweepConfig
 from batch_assets.orchestration.launch import LaunchResult, launch_job
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.dagster import SweepConfig
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]

@@ -9,13 +9,14 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.domains.customer_status.dagster import RangeTask, log_termination
-from batch_assets.domains.customer_status.rules_store import current_rules
-from batch_assets.domains.customer_status.sweep import SWEEP_NAME
 from batch_assets.engine.definition import CursorRange
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.locking.checkpoint import CheckpointStore
-from batch_assets.orchestration.resources import CheckpointsResource, EncryptionResource
+from batch_assets.orchestration.resources import CheckpointsResource
+from batch_assets.reference.customer_status.dagster import RangeTask, log_termination
+from batch_assets.reference.customer_status.resources import EncryptionResource
+from batch_assets.reference.customer_status.rules_store import current_rules
+from batch_assets.reference.customer_status.sweep import SWEEP_NAME
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.domains.customer_status import job as customer_status_job
-from batch_assets.domains.customer_status.dagster import SweepConfig
 from batch_assets.orchestration.launch import StepOutcomes, launch_job, reconcile
+from batch_assets.reference.customer_status import job as customer_status_job
+from batch_assets.reference.customer_status.dagster import SweepConfig
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]

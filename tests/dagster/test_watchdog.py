@@ -12,11 +12,11 @@ import sqlalchemy as sa
 from helpers import sensor_resources
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.domains.customer_status.dagster import SWEEP_JOB_KEY, customer_status_sweep_job
-from batch_assets.domains.payments.dagster import payment_queue_drain_job
 from batch_assets.locking.lease import Lease
 from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.watchdog import PROCESS_TAG
+from batch_assets.reference.customer_status.dagster import SWEEP_JOB_KEY, customer_status_sweep_job
+from batch_assets.reference.payments.dagster import payment_queue_drain_job
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
@@ -160,7 +160,7 @@ def test_cli_run_whose_process_is_gone_is_failed(dagster_env: Settings, db_url: 
 def test_drain_sensor_does_not_stall_behind_a_dead_drain(dagster_env: Settings, engine: sa.Engine,
                                                          db_url: str) -> None:
     """With payments due and the last drain STARTED but its process gone, the drain sensor fails it and starts one."""
-    from batch_assets.domains.payments.queue import enqueue
+    from batch_assets.reference.payments.queue import enqueue
 
     sensor = defs.resolve_sensor_def("payment_queue_drain_sensor")
     with dg.instance_for_test() as instance:

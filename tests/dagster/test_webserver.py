@@ -20,8 +20,8 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets import run_history
-from batch_assets.crypto import DobCipher
 from batch_assets.orchestration.launch import ensure_instance, repo_root
+from batch_assets.reference.customer_status.crypto import DobCipher
 from batch_assets.settings import Settings
 
 pytestmark = [
@@ -188,7 +188,7 @@ def test_terminating_a_sweep_from_the_ui_drains_checkpoints_and_releases_the_loc
     from dagster._core.instance.ref import InstanceRef
     from dagster_graphql import DagsterGraphQLClient
 
-    from batch_assets.domains.customer_status.seed import seed_customers
+    from batch_assets.reference.customer_status.seed import seed_customers
 
     seed_customers(engine, cipher, 100_000, run_date=date(2025, 6, 1), seed=9)
     port, home = dagster_dev
@@ -328,7 +328,7 @@ def test_materialize_customer_status_through_graphql_runs_the_sweep_and_shows_ch
     """"Materialize" (GraphQL, as the UI sends it) on 1k rows succeeds; the asset shows its check results."""
     from dagster_graphql import DagsterGraphQLClient
 
-    from batch_assets.domains.customer_status.seed import seed_customers
+    from batch_assets.reference.customer_status.seed import seed_customers
 
     seed_customers(engine, cipher, 1_000, run_date=date(2025, 6, 1), seed=5)
     port, home = dagster_dev

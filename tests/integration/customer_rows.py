@@ -10,7 +10,7 @@ from datetime import date, timedelta
 
 import sqlalchemy as sa
 
-from batch_assets.crypto import DobCipher
+from batch_assets.reference.customer_status.crypto import DobCipher
 
 COPY_CUSTOMERS = "COPY customers (id, status, encrypted_dob, age_category, next_review_date) FROM STDIN"
 

@@ -17,8 +17,8 @@ from helpers import kill_session
 
 from batch_assets.bench import check, plans, queue, references, render
 from batch_assets.bench.scratch import scratch_prefix_of
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
-from batch_assets.domains.customer_status.seed import seed_customers
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
+from batch_assets.reference.customer_status.seed import seed_customers
 from batch_assets.settings import environ_without_product
 
 pytestmark = [pytest.mark.integration]
@@ -409,7 +409,7 @@ def test_each_timed_queue_drain_starts_after_a_checkpoint_when_the_role_may_run_
     from psycopg import sql
     from sqlalchemy.engine import make_url
 
-    from batch_assets.domains.payments.benchmark import bench_rows, settle
+    from batch_assets.bench.payments import bench_rows, settle
 
     def requested() -> int:
         with engine.connect() as conn:

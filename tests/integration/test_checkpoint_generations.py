@@ -15,14 +15,14 @@ import pytest
 import sqlalchemy as sa
 from customer_rows import copy_customers, random_customers
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.dagster import split_key_space
-from batch_assets.domains.customer_status.job import run_customer_status_sweep
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES
 from batch_assets.engine.definition import CursorRange
 from batch_assets.engine.result import SweepResult
 from batch_assets.engine.runner import FINISHED
 from batch_assets.locking.checkpoint import CheckpointStore
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.dagster import split_key_space
+from batch_assets.reference.customer_status.job import run_customer_status_sweep
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES
 
 pytestmark = pytest.mark.integration
 

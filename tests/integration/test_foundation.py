@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.crypto import DobCipher, decode_key, load_key
 from batch_assets.db.engine import normalize_url, resolve_database_url
 from batch_assets.db.migrate import load_migrations
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
-from batch_assets.domains.customer_status.seed import seed_customers
 from batch_assets.errors import ConfigError, DecryptError
+from batch_assets.reference.customer_status.crypto import DobCipher, decode_key, load_key
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
+from batch_assets.reference.customer_status.seed import seed_customers
 from batch_assets.settings import load_settings
 
 RUN_DATE = date(2026, 11, 30)

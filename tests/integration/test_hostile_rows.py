@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 from customer_rows import copy_customers, customer
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate
-from batch_assets.domains.customer_status.sweep import MAX_VALUE_BYTES, CustomerStatusSweep
 from batch_assets.engine.definition import RowOutcome, RunContext, WriteCounts
 from batch_assets.engine.runner import run_sweep
 from batch_assets.engine.settings import SweepSettings
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES, evaluate
+from batch_assets.reference.customer_status.sweep import MAX_VALUE_BYTES, CustomerStatusSweep
 
 pytestmark = pytest.mark.integration
 

@@ -25,15 +25,15 @@ import pytest
 import sqlalchemy as sa
 from helpers import kill_session, scalar, wait_for
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.seed import seed_customers
-from batch_assets.domains.payments.seed import seed_payments
 from batch_assets.orchestration.watchdog import PROCESS_TAG
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.seed import seed_customers
+from batch_assets.reference.payments.seed import seed_payments
 from faults.hosts import process_alive
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]
 
-NOOP_HANDLER = "batch_assets.domains.payments.noop:handle"
+NOOP_HANDLER = "batch_assets.reference.payments.noop:handle"
 UNSETTLED = "SELECT count(*) FROM payments WHERE status <> 'DONE'"
 RUNS_LINE = re.compile(r"launcher: pid (\d+) runs `([^`]*)`")
 

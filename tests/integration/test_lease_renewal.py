@@ -19,12 +19,12 @@ import sqlalchemy as sa
 from customer_rows import copy_customers, random_customers
 from helpers import REPO, GuardCfg, kill_session, wait_for
 
-from batch_assets.crypto import DobCipher
 from batch_assets.db.engine import create_engine
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import LeaseLost
 from batch_assets.locking import Heartbeat, Lease, PostgresJobLock, job_guard
 from batch_assets.locking.run_guard import acquire_run_lock
+from batch_assets.reference.customer_status.crypto import DobCipher
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +37,9 @@ RANGE_SCRIPT = textwrap.dedent(
     """
     import json, sys
     from datetime import date
-    from batch_assets.crypto import DobCipher, decode_key
+    from batch_assets.reference.customer_status.crypto import DobCipher, decode_key
     from batch_assets.db.engine import create_engine
-    from batch_assets.domains.customer_status.job import run_customer_status_sweep
+    from batch_assets.reference.customer_status.job import run_customer_status_sweep
     from batch_assets.engine.settings import SweepSettings
     from batch_assets.locking.lock import PostgresJobLock
     from batch_assets.locking.run_guard import joined_guard
@@ -194,10 +194,10 @@ def test_queue_worker_connections_end_idle_transactions_and_keep_alive(db_url: s
     transaction's locks until the kernel's two-hour keepalive.)"""
     import asyncio
 
-    from batch_assets.domains.queue.connection import Link
-    from batch_assets.domains.queue.result import QueueResult
-    from batch_assets.domains.queue.settings import QueueSettings
-    from batch_assets.domains.queue.side import SideConnection
+    from batch_assets.queue.connection import Link
+    from batch_assets.queue.result import QueueResult
+    from batch_assets.queue.settings import QueueSettings
+    from batch_assets.queue.side import SideConnection
 
     url = sa.make_url(db_url).update_query_dict({"options": "-c work_mem=7777kB"})
     engine = create_engine(url.render_as_string(hide_password=False), pool_size=1)

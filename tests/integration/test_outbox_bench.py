@@ -15,7 +15,7 @@ from brokers import AMQP_URL, NATS_URL, reachable, require
 
 from batch_assets.bench import check, render
 from batch_assets.bench.outbox import drain_section
-from batch_assets.domains.outbox.benchmark import run_outbox_bench
+from batch_assets.bench.outbox_relay import run_outbox_bench
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from batch_assets.domains.outbox.relay import OutboxEvent, RelaySettings, relay_outbox
-from batch_assets.domains.outbox.sinks import JsonLinesSink, RedisStreamSink, make_sink
 from batch_assets.errors import ConfigError
+from batch_assets.outbox.relay import OutboxEvent, RelaySettings, relay_outbox
+from batch_assets.outbox.sinks import JsonLinesSink, RedisStreamSink, make_sink
 from batch_assets.settings import load_settings
 
 pytestmark = pytest.mark.integration
@@ -187,7 +187,7 @@ import time  # noqa: E402
 
 from helpers import TcpProxy  # noqa: E402
 
-from batch_assets.domains.outbox.relay import follow_outbox, relay_batch  # noqa: E402
+from batch_assets.outbox.relay import follow_outbox, relay_batch  # noqa: E402
 
 
 class RecordingSink:
@@ -299,7 +299,7 @@ def test_follow_with_the_sink_down_then_hanging_holds_no_transaction_and_loses_n
 
 def test_an_insert_of_events_notifies_the_relay_and_an_empty_insert_does_not(engine: sa.Engine) -> None:
     """The statement trigger NOTIFYs batch_assets_outbox once per inserting statement, never for zero rows."""
-    from batch_assets.domains.outbox.relay import NOTIFY_CHANNEL
+    from batch_assets.outbox.relay import NOTIFY_CHANNEL
 
     raw = engine.raw_connection()
     try:
@@ -331,8 +331,8 @@ def test_a_claim_walks_the_pending_index_from_where_the_pass_is_even_with_stale_
     primary key; no sequential or bitmap scan, whose cost grows with the table and the backlog (unpinned, the
     same statement is planned as a hash join over a sequential scan of outbox_events). The mark is an index
     scan of the batch's ids."""
-    from batch_assets.domains.outbox import sql
-    from batch_assets.domains.outbox.relay import _claiming
+    from batch_assets.outbox import sql
+    from batch_assets.outbox.relay import _claiming
 
     insert = ("INSERT INTO outbox_events (aggregate_id, event_type, payload) "
               "SELECT gen_random_uuid(), 'age_category_changed', '{}'::jsonb FROM generate_series(1, %(n)s)")

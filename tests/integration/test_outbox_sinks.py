@@ -33,8 +33,8 @@ from brokers import (
 )
 from helpers import TcpProxy
 
-from batch_assets.domains.outbox.relay import OutboxEvent, RelaySettings, relay_batch, relay_outbox
-from batch_assets.domains.outbox.sinks import (
+from batch_assets.outbox.relay import OutboxEvent, RelaySettings, relay_batch, relay_outbox
+from batch_assets.outbox.sinks import (
     JsonLinesSink,
     NatsJetStreamSink,
     RabbitMQSink,

@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 from helpers import LimitsStub
 
-from batch_assets.domains.payments import queue
-from batch_assets.domains.payments.handler import HttpLimitsHandler, OutcomeKind, classify_status
-from batch_assets.domains.payments.queue import QueueSettings
-from batch_assets.domains.payments.worker import run_worker
+from batch_assets.reference.payments import queue
+from batch_assets.reference.payments.handler import HttpLimitsHandler, OutcomeKind, classify_status
+from batch_assets.reference.payments.queue import QueueSettings
+from batch_assets.reference.payments.worker import run_worker
 
 pytestmark = pytest.mark.integration
 

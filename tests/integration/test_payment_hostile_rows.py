@@ -14,11 +14,11 @@ import pytest
 import sqlalchemy as sa
 from helpers import wait_for
 
-from batch_assets.domains.payments import queue, sql
-from batch_assets.domains.payments.handler import PluginHandler
-from batch_assets.domains.payments.queue import QueueSettings
-from batch_assets.domains.payments.store import PAYMENTS
-from batch_assets.domains.payments.worker import CLOSED, run_worker
+from batch_assets.reference.payments import queue, sql
+from batch_assets.reference.payments.handler import PluginHandler
+from batch_assets.reference.payments.queue import QueueSettings
+from batch_assets.reference.payments.store import PAYMENTS
+from batch_assets.reference.payments.worker import CLOSED, run_worker
 
 pytestmark = pytest.mark.integration
 

@@ -10,14 +10,14 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.domains.payments import queue
-from batch_assets.domains.payments.handler import Outcome, OutcomeKind, SimulatedHandler
-from batch_assets.domains.payments.queue import Claim, QueueSettings
-from batch_assets.domains.payments.seed import seed_payments
-from batch_assets.domains.payments.store import PAYMENTS
-from batch_assets.domains.payments.worker import run_worker
-from batch_assets.domains.queue.claims import Result, planned_result
 from batch_assets.errors import ConfigError
+from batch_assets.queue.claims import Result, planned_result
+from batch_assets.reference.payments import queue
+from batch_assets.reference.payments.handler import Outcome, OutcomeKind, SimulatedHandler
+from batch_assets.reference.payments.queue import Claim, QueueSettings
+from batch_assets.reference.payments.seed import seed_payments
+from batch_assets.reference.payments.store import PAYMENTS
+from batch_assets.reference.payments.worker import run_worker
 
 pytestmark = pytest.mark.integration
 
@@ -322,7 +322,7 @@ def _explain_claim(engine: sa.Engine, n: int) -> dict:
     import psycopg
 
     from batch_assets.db.engine import session_conninfo
-    from batch_assets.domains.queue.connection import WORKER_OPTIONS
+    from batch_assets.queue.connection import WORKER_OPTIONS
 
     with psycopg.connect(session_conninfo(engine, options=WORKER_OPTIONS)) as conn:
         [[plan]] = conn.execute(

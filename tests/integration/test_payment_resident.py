@@ -24,12 +24,12 @@ import sqlalchemy as sa
 from helpers import LimitsStub, WorkerProcess, wait_for
 
 from batch_assets.db.engine import is_transient
-from batch_assets.domains.payments import queue, sql
-from batch_assets.domains.payments.handler import HttpLimitsHandler, PluginHandler, load_plugin
-from batch_assets.domains.payments.queue import QueueSettings, Result
-from batch_assets.domains.payments.store import PAYMENTS
-from batch_assets.domains.payments.worker import CLOSED, HALF_OPEN, OPEN, AdaptiveBatch, Breaker, run_worker
 from batch_assets.errors import ConfigError
+from batch_assets.reference.payments import queue, sql
+from batch_assets.reference.payments.handler import HttpLimitsHandler, PluginHandler, load_plugin
+from batch_assets.reference.payments.queue import QueueSettings, Result
+from batch_assets.reference.payments.store import PAYMENTS
+from batch_assets.reference.payments.worker import CLOSED, HALF_OPEN, OPEN, AdaptiveBatch, Breaker, run_worker
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def stub() -> Iterator[LimitsStub]:
 def test_adaptive_batch_grows_shrinks_and_stays_within_bounds(caplog: pytest.LogCaptureFixture) -> None:
     """Full claims that handlers keep up with double the batch (≤ max); short claims or waiting rows shrink it (≥ 1)."""
     batch = AdaptiveBatch(10, 1000)
-    with caplog.at_level("DEBUG", logger="batch_assets.domains.queue.batch"):
+    with caplog.at_level("DEBUG", logger="batch_assets.queue.batch"):
         sizes = [batch.after_claim(batch.size, batch.size, waiting=0, oldest_wait_s=0.0) for _ in range(10)]
     assert sizes[:3] == [20, 40, 80] and sizes[-1] == 1000
     assert any("claim batch 10 -> 20" in r.getMessage() for r in caplog.records)
@@ -501,7 +501,7 @@ def test_poison_payments_reach_failed_after_max_attempts_while_good_ones_go_done
 @pytest.mark.slow
 def test_queue_bench_quick_shape_and_every_payment_done_once(db_url: str) -> None:
     """run_queue_bench (quick) returns the documented shape and every product payment ended DONE, claimed once."""
-    from batch_assets.domains.payments.benchmark import run_queue_bench
+    from batch_assets.bench.payments import run_queue_bench
 
     lines: list[str] = []
     result = run_queue_bench(db_url, payments=2000, quick=True, progress=lines.append)

@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.domains.queue.inflight import InFlightLimiter
-from batch_assets.domains.queue.ratelimit import RateLimiter
-from batch_assets.domains.queue.side import SideConnection
 from batch_assets.errors import ConfigError
+from batch_assets.queue.limits.inflight import InFlightLimiter
+from batch_assets.queue.limits.ratelimit import RateLimiter
+from batch_assets.queue.side import SideConnection
 
 pytestmark = pytest.mark.integration
 
@@ -155,9 +155,9 @@ def test_a_stop_gives_back_the_rows_waiting_for_a_rate_slot_at_once(engine: sa.E
 
     from helpers import wait_for
 
-    from batch_assets.domains.payments.queue import QueueSettings, enqueue
-    from batch_assets.domains.payments.worker import run_worker
-    from batch_assets.domains.queue.handler import Outcome
+    from batch_assets.queue.handler import Outcome
+    from batch_assets.reference.payments.queue import QueueSettings, enqueue
+    from batch_assets.reference.payments.worker import run_worker
 
     calls: list[float] = []
 
@@ -201,9 +201,9 @@ def test_a_gate_that_cannot_work_stops_the_worker_and_gives_every_row_back(engin
     calling, and every claimed row is NEW again with its attempt undone; no call was made."""
     import psycopg
 
-    from batch_assets.domains.payments.queue import QueueSettings, enqueue
-    from batch_assets.domains.payments.worker import run_worker
-    from batch_assets.domains.queue.handler import Outcome
+    from batch_assets.queue.handler import Outcome
+    from batch_assets.reference.payments.queue import QueueSettings, enqueue
+    from batch_assets.reference.payments.worker import run_worker
 
     calls: list[object] = []
 
@@ -234,9 +234,9 @@ def test_a_claim_takes_a_rate_slot_for_each_row_it_claims(db_url: str, engine: s
     without waiting; a claim of nothing takes no slot."""
     import psycopg
 
-    from batch_assets.domains.payments import queue
-    from batch_assets.domains.payments.store import PAYMENTS
-    from batch_assets.domains.queue.claims import new_token
+    from batch_assets.queue.claims import new_token
+    from batch_assets.reference.payments import queue
+    from batch_assets.reference.payments.store import PAYMENTS
 
     queue.enqueue(engine, 30, seed=71)
     before: list[Any] = []

@@ -21,8 +21,8 @@ import pytest
 import sqlalchemy as sa
 from helpers import LimitsStub, WorkerProcess, wait_for
 
-from batch_assets.domains.payments import queue
-from batch_assets.domains.payments.rate_bench import window_counts
+from batch_assets.bench.payments_rate import window_counts
+from batch_assets.reference.payments import queue
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.alone]
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.domains.payments.queue import enqueue
-from batch_assets.domains.payments.store import PAYMENTS
-from batch_assets.domains.queue.liveness import ClaimRenewer, Holdings, Liveness
-from batch_assets.domains.queue.side import SideConnection
+from batch_assets.queue.liveness import ClaimRenewer, Holdings, Liveness
+from batch_assets.queue.side import SideConnection
+from batch_assets.reference.payments.queue import enqueue
+from batch_assets.reference.payments.store import PAYMENTS
 
 pytestmark = pytest.mark.integration
 

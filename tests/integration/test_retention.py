@@ -9,7 +9,7 @@ import sys
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.domains.retention.retention import RetentionSettings, run_retention
+from batch_assets.retention.prune import RetentionSettings, run_retention
 
 pytestmark = pytest.mark.integration
 

@@ -11,16 +11,16 @@ import pytest
 import sqlalchemy as sa
 from helpers import wait_for
 
-from batch_assets.domains.subscriptions.expiry import (
+from batch_assets.errors import ConfigError, LockNotAcquired
+from batch_assets.locking.lock import PostgresJobLock
+from batch_assets.reference.subscriptions.expiry import (
     JOB_LOCK_NAME,
     ExpiryResult,
     ExpirySettings,
     run_expiry,
     run_expiry_job,
 )
-from batch_assets.domains.subscriptions.seed import AUDIT_COURSE_ID, seed_subscriptions
-from batch_assets.errors import ConfigError, LockNotAcquired
-from batch_assets.locking.lock import PostgresJobLock
+from batch_assets.reference.subscriptions.seed import AUDIT_COURSE_ID, seed_subscriptions
 
 pytestmark = pytest.mark.integration
 
@@ -336,7 +336,7 @@ def test_job_stops_when_the_lock_is_lost(engine: sa.Engine) -> None:
 
 def test_nightly_batch_uses_the_expiring_index(engine: sa.Engine) -> None:
     """The keyset batch query can use subscriptions_expiring_idx (plan test)."""
-    from batch_assets.domains.subscriptions.expiry import NIGHTLY_BATCH
+    from batch_assets.reference.subscriptions.expiry import NIGHTLY_BATCH
 
     seed_subscriptions(engine, 2000, seed=6, run_date=RUN_DATE, enrollments_per=0)
     with engine.begin() as conn:

@@ -13,14 +13,14 @@ import sqlalchemy as sa
 from customer_rows import copy_customers, customer, fetch_customer
 from helpers import wait_for
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES, evaluate
-from batch_assets.domains.customer_status.sweep import CustomerStatusSweep
-from batch_assets.domains.subscriptions.expiry import ExpirySettings, run_expiry
-from batch_assets.domains.subscriptions.sweep import ExpiryFailures, ExpirySweep
 from batch_assets.engine.definition import RowOutcome, RunContext, WriteCounts
 from batch_assets.engine.runner import run_sweep
 from batch_assets.engine.settings import SweepSettings
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES, evaluate
+from batch_assets.reference.customer_status.sweep import CustomerStatusSweep
+from batch_assets.reference.subscriptions.expiry import ExpirySettings, run_expiry
+from batch_assets.reference.subscriptions.sweep import ExpiryFailures, ExpirySweep
 
 pytestmark = pytest.mark.integration
 

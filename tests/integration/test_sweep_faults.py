@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from customer_rows import copy_customers, random_customers
 from sqlalchemy.engine import make_url
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.job import run_customer_status_sweep
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES
 from batch_assets.locking.checkpoint import CheckpointStore
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.job import run_customer_status_sweep
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES
 
 pytestmark = pytest.mark.integration
 

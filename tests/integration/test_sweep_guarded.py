@@ -9,11 +9,11 @@ import pytest
 import sqlalchemy as sa
 from customer_rows import captured_statements, copy_customers, count, random_customers, writes
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.job import run_customer_status_sweep
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import LockNotAcquired
 from batch_assets.locking.guard import job_guard, steal_lease
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.job import run_customer_status_sweep
 
 pytestmark = pytest.mark.integration
 

@@ -10,13 +10,13 @@ import pytest
 import sqlalchemy as sa
 from customer_rows import captured_statements, copy_customers, count, customer, fetch_customer, writes
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status import sql
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES, SENTINEL, evaluate
-from batch_assets.domains.customer_status.sweep import CustomerStatusSweep
 from batch_assets.engine.definition import RunContext, WriteCounts
 from batch_assets.engine.runner import PIN_READ_PLAN_SQL, run_sweep
 from batch_assets.engine.settings import SweepSettings
+from batch_assets.reference.customer_status import sql
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES, SENTINEL, evaluate
+from batch_assets.reference.customer_status.sweep import CustomerStatusSweep
 
 pytestmark = pytest.mark.integration
 

@@ -12,15 +12,15 @@ import pytest
 import sqlalchemy as sa
 from customer_rows import captured_statements, copy_customers, count, customer, random_customers, writes
 
-from batch_assets.crypto import DobCipher
 from batch_assets.db.timeouts import SET_LOCAL_TIMEOUTS
-from batch_assets.domains.customer_status.job import run_customer_status_sweep
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES, Rules
-from batch_assets.domains.customer_status.rules_store import current_rules, previous_rules, set_rules
 from batch_assets.engine.definition import CursorRange
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import ConfigError, LeaseLost
 from batch_assets.locking.checkpoint import CheckpointStore
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.job import run_customer_status_sweep
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES, Rules
+from batch_assets.reference.customer_status.rules_store import current_rules, previous_rules, set_rules
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from batch_assets.domains.queue.claims import Result, planned_result
-from batch_assets.domains.queue.declaration import QueueDeclaration
-from batch_assets.domains.queue.store import QueueStore
 from batch_assets.errors import ConfigError
+from batch_assets.queue.claims import Result, planned_result
+from batch_assets.queue.declaration import QueueDeclaration
+from batch_assets.queue.store import QueueStore
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,8 @@ from helpers import wait_for
 from ui_server import REPO, UiServer
 
 from batch_assets.cli.ui import still_running
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.seed import seed_customers
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.seed import seed_customers
 
 pytestmark = [pytest.mark.dagster, pytest.mark.slow]
 

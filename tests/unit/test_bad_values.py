@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from batch_assets.domains.customer_status.dagster import SweepConfig
-from batch_assets.domains.customer_status.rules import Rules
 from batch_assets.errors import ConfigError
+from batch_assets.reference.customer_status.dagster import SweepConfig
+from batch_assets.reference.customer_status.rules import Rules
 
 pytestmark = pytest.mark.unit
 

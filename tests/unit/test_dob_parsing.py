@@ -8,10 +8,10 @@ from datetime import date
 
 import pytest
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES, parse_dob
-from batch_assets.domains.customer_status.sweep import MAX_VALUE_BYTES, CustomerStatusSweep
 from batch_assets.errors import ConfigError, DecryptError
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES, parse_dob
+from batch_assets.reference.customer_status.sweep import MAX_VALUE_BYTES, CustomerStatusSweep
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from batch_assets.domains.payments.http11 import HttpError, PostClient
 from batch_assets.errors import ConfigError
+from batch_assets.reference.payments.http11 import HttpError, PostClient
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ from datetime import date, timedelta
 
 import pytest
 
-from batch_assets.domains.customer_status.rules import (
+from batch_assets.reference.customer_status.rules import (
     DEFAULT_RULES,
     SENTINEL,
     Rules,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from batch_assets.bench import check, render
-from batch_assets.domains.payments.rate_bench import window_counts
+from batch_assets.bench.payments_rate import window_counts
 
 pytestmark = pytest.mark.unit
 

@@ -11,11 +11,11 @@ from email.utils import format_datetime
 import pytest
 
 import batch_assets
-from batch_assets.domains.payments.handler import classify_status, parse_retry_after
-from batch_assets.domains.queue.claims import Claim
-from batch_assets.domains.queue.handler import KwargsHandler
-from batch_assets.domains.queue.retry import RetryPolicy
 from batch_assets.errors import ConfigError
+from batch_assets.queue.claims import Claim
+from batch_assets.queue.handler import KwargsHandler
+from batch_assets.queue.retry import RetryPolicy
+from batch_assets.reference.payments.handler import classify_status, parse_retry_after
 
 pytestmark = pytest.mark.unit
 
@@ -105,7 +105,7 @@ def test_a_plugin_raising_retry_after_is_a_transient_outcome_with_its_delay() ->
 
 def test_the_http_client_hands_back_the_final_answers_retry_after() -> None:
     """post_answer reads Retry-After from the final response (not from a 1xx before it); absent means None."""
-    from batch_assets.domains.payments.http11 import PostClient
+    from batch_assets.reference.payments.http11 import PostClient
 
     answers = [
         b"HTTP/1.1 100 Continue\r\nRetry-After: 999\r\n\r\n"

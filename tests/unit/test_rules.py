@@ -7,8 +7,9 @@ from datetime import date, timedelta
 
 import pytest
 
-from batch_assets.crypto import DobCipher
-from batch_assets.domains.customer_status.rules import (
+from batch_assets.errors import ConfigError
+from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.rules import (
     DEFAULT_RULES,
     SENTINEL,
     Rules,
@@ -17,8 +18,7 @@ from batch_assets.domains.customer_status.rules import (
     evaluate,
     parse_dob,
 )
-from batch_assets.domains.customer_status.sweep import CustomerStatusSweep
-from batch_assets.errors import ConfigError
+from batch_assets.reference.customer_status.sweep import CustomerStatusSweep
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from batch_assets.domains.customer_status.rules import DEFAULT_RULES, Rules
 from batch_assets.errors import ConfigError
+from batch_assets.reference.customer_status.rules import DEFAULT_RULES, Rules
 
 
 def test_one_threshold_changes_that_rule_and_keeps_the_others() -> None:

@@ -8,11 +8,11 @@ import enum
 import pytest
 
 from batch_assets.cli.args import Parser, UsageError, add_setting
-from batch_assets.domains.customer_status.dagster import SweepConfig
-from batch_assets.domains.customer_status.job import CustomerStatusSettings
-from batch_assets.domains.retention.dagster import RetentionConfig
-from batch_assets.domains.retention.retention import RetentionSettings
 from batch_assets.errors import ConfigError
+from batch_assets.orchestration.retention_job import RetentionConfig
+from batch_assets.reference.customer_status.dagster import SweepConfig
+from batch_assets.reference.customer_status.job import CustomerStatusSettings
+from batch_assets.retention.prune import RetentionSettings
 
 pytestmark = pytest.mark.unit
 
@@ -50,7 +50,7 @@ def test_to_settings_is_the_model_and_the_bounds_live_only_there() -> None:
 
 def test_a_config_may_expose_a_subset_of_the_model() -> None:
     """`fields=` keeps the others at the model's default (the expiry's lock knobs are not run config)."""
-    from batch_assets.domains.subscriptions.dagster import ExpiryConfig
+    from batch_assets.reference.subscriptions.dagster import ExpiryConfig
 
     assert set(ExpiryConfig.model_fields) == {"run_date", "allow_distant_run_date", "retry_failed", "batch_size",
                                               "max_retries"}

@@ -1,0 +1,43 @@
+"""The payments queue, declared as any team declares a queue (CONTRACT §7, §10): a `QueueDeclaration`.
+
+Its handler is a factory (`payment_handler`), so the §7 default stays: BATCH_ASSETS_PAYMENT_HANDLER
+when set, else the POST to BATCH_ASSETS_LIMITS_URL, else the simulated handler (demo). Its store keeps
+the object names migrations 0001, 0002 and 0006 gave the payments' indexes, trigger and channel.
+"""
+
+from __future__ import annotations
+
+from batch_assets.queue.declaration import Backoff, QueueDeclaration, handler_factory
+from batch_assets.queue.handler import Handler
+from batch_assets.queue.settings import QueueSettings
+from batch_assets.queue.spec import QueueSpec
+from batch_assets.reference.payments.handler import default_handler, plugin_spec_from_environment
+from batch_assets.reference.payments.store import PAYMENTS_SPEC
+from batch_assets.settings import load_settings
+
+
+@handler_factory
+def payment_handler(settings: QueueSettings) -> Handler:
+    """The payments' handler for one worker run (read from the environment when the run starts)."""
+    return default_handler(load_settings().limits_url, settings.http_timeout_s, concurrency=settings.concurrency,
+                           plugin=plugin_spec_from_environment())
+
+
+class PaymentsQueue(QueueDeclaration):
+    """The declaration of `payments`, with the object names its migrations gave it."""
+
+    def spec(self) -> QueueSpec:
+        return PAYMENTS_SPEC
+
+
+PAYMENTS_QUEUE = PaymentsQueue(
+    name="payments",
+    table="payments",
+    key="id",
+    columns=["id", "amount_cents"],
+    handler="batch_assets.reference.payments.declaration:payment_handler",
+    max_attempts=5,
+    backoff=Backoff(base_s=60, max_s=3600),
+    concurrency=8,
+    priority="priority",
+)
