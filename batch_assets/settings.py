@@ -77,6 +77,8 @@ class Settings:
     """A run date further than this from today needs an explicit `allow_distant_run_date`."""
     outbox_sink: OutboxSinkTarget | None = None
     """The relay's sink (load_settings always sets it; None only in Settings built by hand = the default file)."""
+    embedded_allowed: bool = True
+    """Whether no database URL starts the embedded server: in a team's own project it never does."""
 
     @property
     def embedded(self) -> bool:

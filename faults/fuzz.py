@@ -146,12 +146,12 @@ def run_config_fuzz() -> list[dict[str, Any]]:
     import pydantic
 
     from batch_assets.errors import BatchAssetsError
-    from batch_assets.orchestration.registry import SPECS
+    from batch_assets.orchestration.project import current
     from batch_assets.orchestration.resources import CalendarResource
 
     calendar = CalendarResource()
 
-    classes = [spec.config for spec in SPECS]
+    classes = [spec.config for spec in current().own_specs()]
     results = []
     seen: set[type] = set()
     for cls in classes:

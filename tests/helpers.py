@@ -344,10 +344,11 @@ def job_with_resources(job_name: str, **overrides: Any) -> Any:
     process's environment, but for `overrides` (e.g. calendar=CalendarResource(...))."""
     import dagster as dg
 
-    from batch_assets.orchestration.registry import resources_of, spec_for
+    from batch_assets.orchestration.location import resources_of
+    from batch_assets.orchestration.project import current
     from batch_assets.settings import load_settings
 
-    spec = spec_for(job_name)
+    spec = current().spec_for(job_name)
     [job] = [j for j in spec.op_jobs if j.name == job_name]
     resources = {**resources_of((spec,), load_settings()), **overrides}
     return dg.Definitions(jobs=[job], resources=resources).resolve_job_def(job_name)

@@ -14,6 +14,7 @@ from batch_assets.settings_model import check_run_date
 
 if TYPE_CHECKING:
     from batch_assets.orchestration.config import JobConfig
+    from batch_assets.orchestration.spec import JobSpec
 
 C = TypeVar("C", bound="JobConfig")
 
@@ -28,8 +29,9 @@ def build_config(cls: type[C], settings: Settings, /, **values: Any) -> tuple[C,
     return config, plan
 
 
-def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any] | None = None) -> int:
-    """Launch `job_name` as a Dagster run, print its summary, return the exit code."""
+def run_job(spec: JobSpec, config: Any, settings: Settings, extra: dict[str, Any] | None = None) -> int:
+    """Launch the job (its spec resolved once by the command) as a Dagster run, print its summary, return the exit
+    code."""
     from batch_assets.cli.startup import resume_collector
     from batch_assets.orchestration.instance_home import (
         no_template_highlighting,
@@ -46,8 +48,9 @@ def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any
     reuse_alembic_scripts()
     resume_collector()  # the job's and the instance's modules are imported: collection on for the run (cli/startup.py)
     install_signal_handlers()
+    job_name = spec.name
     with quick_commits():
-        result = launch_job(job_name, config, settings=settings)
+        result = launch_job(spec, config, settings=settings)
     summary = dict(result.summary or {})
     summary.setdefault("status", "FAILURE")
     summary["run_id"] = result.run_id
@@ -63,3 +66,23 @@ def run_job(job_name: str, config: Any, settings: Settings, extra: dict[str, Any
     emit(summary)
     return EXIT_BY_STATUS.get(summary["status"], EXIT_FAILED)
 
+
+
+def job_spec(name: str) -> JobSpec:
+    """The spec of a job of the code location in use, resolved once at the command's entrance."""
+    from batch_assets.orchestration.project import current
+
+    return current().spec_for(name)
+
+
+def engine_of(declaration: Any, settings: Settings) -> Any:
+    """This process's engine on a declaration's database (its `database_url`, else the location's), after checking
+    it answers (one line if not)."""
+    from batch_assets.db.engine import check_connection, connected_engine, get_engine, normalize_url
+
+    url = declaration.database_url.resolve() if getattr(declaration, "database_url", None) is not None else None
+    if url is None:
+        return connected_engine(settings)
+    engine = get_engine(normalize_url(url))
+    check_connection(engine)
+    return engine

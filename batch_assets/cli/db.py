@@ -16,20 +16,47 @@ from batch_assets.settings import Settings
 
 def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from batch_assets.db.migrate import applied_versions, migrate
-    from batch_assets.orchestration.queues import checked_queues, install_queues
+    from batch_assets.orchestration.project import current, install_queues
 
-    engine = connected_engine(settings)
-    # Every declared queue's table holds the queue's columns, or exit 2 naming the file and the column, before
-    # anything is written (CONTRACT §10); then the migrations, then each queue's trigger and indexes.
-    checked_queues(engine, with_payments=False)
-    applied = migrate(engine)
-    for m in applied:
-        err(f"applied migration {m.label}")
-    queues = install_queues(engine)
-    versions = applied_versions(engine)
+    project = current()
+    applied: list[Any] = []
+    queues: list[str] = []
+    versions: list[int] = []
+    for engine, declarations in databases(project, settings):
+        # Every declared queue's table holds the queue's columns, or exit 2 naming the file and the column, before
+        # anything is written; then the migrations, then each queue's trigger and indexes.
+        project.checked_queues(engine, only=declarations - {None})
+        done = migrate(engine)
+        for m in done:
+            err(f"applied migration {m.label}")
+        applied.extend(done)
+        stores = project.checked_queues(engine, only=declarations)
+        queues.extend(install_queues(engine, stores))
+        versions = applied_versions(engine)
     emit({"status": "SUCCESS", "applied": [m.version for m in applied], "applied_names": [m.label for m in applied],
           "schema_versions": versions, "queues": queues})
     return EXIT_OK
+
+
+def databases(project: Any, settings: Settings) -> list[tuple[Any, set[Any]]]:
+    """Each database the code location's jobs use, with the declarations (files; None for the location's own jobs
+    and queues) that live there: the location's own, and each declaration's `database_url`. A team's project whose
+    declarations all name their database needs no BATCH_ASSETS_DATABASE_URL."""
+    from batch_assets.cli.common import engine_of
+
+    groups: dict[str, tuple[Any, set[Any]]] = {}
+
+    def add(engine: Any, path: Any) -> None:
+        # Keyed by the whole URL, in memory only (never printed).
+        groups.setdefault(engine.url.render_as_string(hide_password=False), (engine, set()))[1].add(path)
+
+    if not project.is_team:
+        add(connected_engine(settings), None)
+    for loaded in project.declarations().components:
+        add(engine_of(loaded.component, settings), loaded.path)
+    if not groups:  # a project without declarations still gets the library's own objects
+        add(connected_engine(settings), None)
+    return list(groups.values())
 
 
 def cmd_db_url(args: argparse.Namespace, settings: Settings) -> int:

@@ -13,7 +13,7 @@ import enum
 import json
 from typing import TYPE_CHECKING, Any
 
-from batch_assets.cli.common import build_config, run_job
+from batch_assets.cli.common import build_config, engine_of, run_job
 from batch_assets.cli.output import emit
 from batch_assets.errors import EXIT_OK, ConfigError
 from batch_assets.settings import Settings
@@ -42,31 +42,27 @@ def checked_declarations(settings: Settings, job: str | None = None) -> None:
 
     `jobs list` checks every declaration; `jobs run NAME` the one declaring NAME (and, when NAME is no job, any
     broken one, since it may be the one meant). Checked against the database too: its columns, key and types."""
-    from batch_assets.orchestration.components.loader import from_config_error, load_declarations
-    from batch_assets.orchestration.registry import all_specs, declared
+    from batch_assets.orchestration.components.loader import from_config_error
+    from batch_assets.orchestration.project import current
 
-    specs, errors = declared()
-    known = {n for spec in all_specs() for n in spec.job_names}
+    project = current()
+    _, errors = project.declared()
+    known = {n for spec in project.all_specs() for n in spec.job_names}
     for error in errors:
         declares = getattr(error, "declares", None)
         if job is None or declares in (None, job) or job not in known:
             raise error
-    components = [c for c in load_declarations().components if job is None or getattr(c.component, "name", None) == job]
-    checks = [(c.path, c.component.check_database) for c in components if hasattr(c.component, "check_database")]
-    if not checks:
-        return
-    from batch_assets.db.engine import one_off_engine
-
-    with one_off_engine(settings) as engine:
-        for path, check in checks:
-            try:
-                check(engine)
-            except ConfigError as exc:
-                raise from_config_error(path, exc) from None
+    components = [c for c in project.built_declarations()
+                  if job is None or any(job in spec.job_names for spec in c.component.built_specs(project.defaults))]
+    for loaded in components:
+        try:
+            loaded.component.check_database(engine_of(loaded.component, settings))
+        except ConfigError as exc:
+            raise from_config_error(loaded.path, exc) from None
 
 
 def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.registry import all_specs
+    from batch_assets.orchestration.project import current
 
     checked_declarations(settings)
     jobs = [
@@ -78,7 +74,7 @@ def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
             "config": spec.config.__name__,
             "fields": _fields(spec.config),
         }
-        for spec in all_specs()
+        for spec in current().all_specs()
     ]
     emit({"status": "SUCCESS", "jobs": jobs})
     return EXIT_OK
@@ -106,16 +102,16 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 
 
 def cmd_jobs_run(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.registry import spec_for
+    from batch_assets.orchestration.project import current
 
     checked_declarations(settings, args.job)
-    spec = spec_for(args.job)
+    spec = current().spec_for(args.job)
     values = dict(parse_assignment(item) for item in args.set or [])
     unknown = sorted(set(values) - set(spec.config.model_fields))
     if unknown:
         raise ConfigError(f"{spec.config.__name__} has no field {unknown[0]!r}", field=unknown[0])
     config, _ = build_config(spec.config, settings, **values)
-    return run_job(spec.name, config, settings)
+    return run_job(spec, config, settings)
 
 
 def register(sub: Any) -> None:

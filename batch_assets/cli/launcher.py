@@ -227,7 +227,7 @@ def preload() -> None:
 
         no_template_highlighting()
         from batch_assets.cli.main import build_parser
-        from batch_assets.orchestration.registry import JOB_MODULES
+        from batch_assets.reference.project import JOB_MODULES
 
         build_parser()  # every command group and what its options import
         for module in (*JOB_MODULES, *RUN_MODULES):

@@ -12,6 +12,7 @@ Rules every command keeps:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -27,7 +28,7 @@ from batch_assets.errors import (
     first_line,
 )
 from batch_assets.orchestration.instance_home import write_instance_config
-from batch_assets.settings import load_settings
+from batch_assets.settings import Settings, load_settings
 
 GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, retention, tools, launcher)
 
@@ -62,9 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         func = args.func
         if func not in JOB_COMMANDS:  # a job command resumes it once its job's modules are in (run_job)
             resume_collector()
-        settings = load_settings()
-        # Every command, `db migrate` included, leaves DAGSTER_HOME with our instance file (README, production).
-        write_instance_config(settings)
+        settings = choose_project(load_settings())
         return func(args, settings)
     except BatchAssetsError as exc:
         err(f"error: {exc}")
@@ -90,6 +89,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         resume_collector()
 
 
+def choose_project(settings: Settings) -> Settings:
+    """The code location the command acts on: the team's project the working directory is in (its declarations, its
+    DAGSTER_HOME, never an embedded server nor a rewritten dagster.yaml), else this repository's own, whose every
+    command (`db migrate` included) leaves DAGSTER_HOME with our instance file (the production steps)."""
+    from batch_assets.orchestration.discovery import discover
+
+    team = discover()
+    if team is not None:
+        from batch_assets.orchestration.project import use
+
+        use(team)
+        return dataclasses.replace(settings, embedded_allowed=False)
+    write_instance_config(settings)
+    return settings
+
+
 def unmigrated(exc: BaseException) -> ConfigError | None:
     """The ConfigError to show instead of `exc` when `exc` is "relation ... does not exist" on a database with
     migrations pending (`db migrate` not run): it names them and the command. None for anything else."""
@@ -99,7 +114,7 @@ def unmigrated(exc: BaseException) -> ConfigError | None:
     if not is_undefined_table(exc):
         return None
     try:
-        with one_off_engine(load_settings()) as engine:
+        with one_off_engine(choose_project(load_settings())) as engine:
             require_migrated(engine)
     except ConfigError as refusal:
         return refusal

@@ -8,6 +8,7 @@ from typing import Any
 from batch_assets.cli.args import add_setting
 from batch_assets.cli.common import (
     build_config,
+    job_spec,
     run_job,
 )
 from batch_assets.db.engine import connected_engine
@@ -15,14 +16,13 @@ from batch_assets.settings import Settings
 
 
 def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.outbox_job import OutboxRelayConfig
-
+    spec = job_spec("outbox_relay_job")
     config, _ = build_config(
-        OutboxRelayConfig, settings, batch_size=args.batch_size, follow=args.follow or None,
+        spec.config, settings, batch_size=args.batch_size, follow=args.follow or None,
         follow_seconds=args.max_seconds,
     )
     connected_engine(settings)
-    return run_job("outbox_relay_job", config, settings)
+    return run_job(spec, config, settings)
 
 
 def register(sub: Any) -> None:

@@ -15,6 +15,7 @@ from batch_assets.cli.args import (
 )
 from batch_assets.cli.common import (
     build_config,
+    engine_of,
     run_job,
 )
 from batch_assets.cli.output import emit, err
@@ -47,10 +48,10 @@ def queue_name(text: str) -> str:
 def _store(args: argparse.Namespace, settings: Settings) -> tuple[Any, Any]:
     """(engine, the store of `--queue`), the table checked against the declaration (exit 2 naming file and column)."""
     from batch_assets.orchestration.components.loader import from_config_error
-    from batch_assets.orchestration.queues import find_queue
+    from batch_assets.orchestration.project import current
 
-    path, declaration = find_queue(args.queue)
-    engine = connected_engine(settings)
+    path, declaration = current().find_queue(args.queue)
+    engine = engine_of(declaration, settings)
     try:
         return engine, declaration.checked_store(engine)
     except ConfigError as exc:
@@ -69,9 +70,10 @@ def cmd_queue_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.queues import find_queue
+    from batch_assets.orchestration.project import current
 
-    path, declaration = find_queue(args.queue)
+    project = current()
+    path, declaration = project.find_queue(args.queue)
     options = {"concurrency": args.concurrency, "max_seconds": args.max_seconds, "drain": bool(args.drain),
                "db_outage_s": args.db_outage_s}
     if path is None:  # the payments queue (CONTRACT §7)
@@ -83,14 +85,15 @@ def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
         if spec:
             load_plugin(spec)  # an unimportable handler is exit 2 before anything is claimed
         connected_engine(settings)
-        return run_job("payment_queue_drain_job", config, settings)
+        return run_job(project.spec_for("payment_queue_drain_job"), config, settings)
     from batch_assets.cli.jobs import checked_declarations
     from batch_assets.orchestration.queue_job import QueueWorkConfig, job_name
 
     work_config, _ = build_config(QueueWorkConfig, settings, **options)
     _store(args, settings)  # the table holds every column, or exit 2 naming the file and the column
     checked_declarations(settings, job_name(declaration.name))  # the handler imports (exit 2 naming the file)
-    return run_job(job_name(declaration.name), work_config, settings, extra={"queue": declaration.name})
+    return run_job(project.spec_for(job_name(declaration.name)), work_config, settings,
+                   extra={"queue": declaration.name})
 
 
 def cmd_queue_stats(args: argparse.Namespace, settings: Settings) -> int:

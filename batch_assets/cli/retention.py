@@ -6,16 +6,15 @@ import argparse
 from typing import Any
 
 from batch_assets.cli.args import add_setting
-from batch_assets.cli.common import build_config, run_job
+from batch_assets.cli.common import build_config, job_spec, run_job
 from batch_assets.settings import Settings
 
 
 def cmd_retention_run(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.retention_job import RetentionConfig, retention_job
-
-    config, _ = build_config(RetentionConfig, settings, older_than_days=args.older_than_days,
+    spec = job_spec("retention_job")
+    config, _ = build_config(spec.config, settings, older_than_days=args.older_than_days,
                              batch_size=args.batch_size)
-    return run_job(retention_job.name, config, settings)
+    return run_job(spec, config, settings)
 
 
 def register(sub: Any) -> None:

@@ -12,6 +12,7 @@ from batch_assets.cli.args import (
 )
 from batch_assets.cli.common import (
     build_config,
+    job_spec,
     run_job,
 )
 from batch_assets.db.engine import connected_engine
@@ -19,13 +20,12 @@ from batch_assets.settings import Settings
 
 
 def cmd_subscriptions_expire(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.reference.subscriptions.dagster import ExpiryConfig
-
+    spec = job_spec("subscription_expiry_job")
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
-    config, _ = build_config(ExpiryConfig, settings, run_date=run_date.isoformat(),
+    config, _ = build_config(spec.config, settings, run_date=run_date.isoformat(),
                            retry_failed=args.retry_failed, allow_distant_run_date=args.allow_distant_run_date or None)
     connected_engine(settings)
-    return run_job("subscription_expiry_job", config, settings, {"run_date": run_date})
+    return run_job(spec, config, settings, {"run_date": run_date})
 
 
 

@@ -13,6 +13,7 @@ from batch_assets.cli.args import (
 )
 from batch_assets.cli.common import (
     build_config,
+    job_spec,
     run_job,
 )
 from batch_assets.reference.customer_status.crypto import cipher_from_settings
@@ -20,11 +21,10 @@ from batch_assets.settings import Settings
 
 
 def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.reference.customer_status.dagster import SweepConfig
-
+    spec = job_spec("customer_status_sweep_job")
     run_date = parse_run_date(args.run_date) or today_in(settings.timezone)
     config, _ = build_config(
-        SweepConfig,
+        spec.config,
         settings,
         mode=args.mode,
         run_date=run_date.isoformat(),
@@ -38,7 +38,7 @@ def cmd_sweep(args: argparse.Namespace, settings: Settings) -> int:
     # Checked before launching: a missing or malformed key is exit 2, nothing read; so is a
     # connection budget the server cannot give (launch_job, orchestration/budget.py).
     cipher_from_settings(settings)
-    return run_job("customer_status_sweep_job", config, settings, {"mode": args.mode, "run_date": run_date})
+    return run_job(spec, config, settings, {"mode": args.mode, "run_date": run_date})
 
 
 

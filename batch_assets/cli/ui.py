@@ -158,7 +158,8 @@ def run_supervised(cmd: Sequence[str], *, env: Mapping[str, str], cwd: Path, gra
 
 
 def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.orchestration.launch import ensure_instance, repo_root
+    from batch_assets.orchestration.instance_home import repo_root
+    from batch_assets.orchestration.launch import ensure_instance
 
     home = ensure_instance(settings)
     err(f"DAGSTER_HOME={home}; open http://{args.host}:{args.port}")

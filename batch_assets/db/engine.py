@@ -47,8 +47,12 @@ _engines_lock = threading.Lock()
 
 
 def resolve_database_url(settings: Settings) -> str:
-    """The URL of CONTRACT §1: the variable when set, else the embedded server's."""
+    """The variable's URL when it is set, else the embedded server's (this repository's location only: in a team's
+    project no URL is a ConfigError naming the declaration's `database_url`)."""
     if settings.database_url is None:
+        if not settings.embedded_allowed:
+            raise ConfigError(f"no database: set {DATABASE_URL_VAR}, or a declaration's database_url",
+                              field="database_url")
         from batch_assets.db import embedded
 
         return embedded.ensure_running(settings.home)

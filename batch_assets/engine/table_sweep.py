@@ -32,7 +32,7 @@ import sqlalchemy as sa
 
 from batch_assets.engine.definition import UNCHANGED, RowOutcome, SqlReader, Sweep, WriteCounts
 from batch_assets.engine.failures import COMPUTE_ERROR, KIND_RE
-from batch_assets.engine.ranges import CursorRange, key_json, key_value
+from batch_assets.engine.ranges import CursorRange, key_json, key_value, quote
 from batch_assets.engine.table import Column, Table
 from batch_assets.errors import ConfigError, RowFailure
 
@@ -58,6 +58,8 @@ class SweepTarget:
     where: str | None
     event: str | None
     compute: Compute
+    outbox: str = "outbox_events"
+    """The outbox table its events go to (this repository's, or the library's own in a team's project)."""
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -360,7 +362,7 @@ WITH __ba_v AS (
         aggregate = "u.__ba_k" if target.kind == "uuid" else \
             f"CAST(md5({_literal(target.table.schema + '.' + target.table.name + ':')} || u.__ba_k) AS uuid)"
         statement += f""", __ba_events AS (
-    INSERT INTO outbox_events (aggregate_id, event_type, payload)
+    INSERT INTO {quote(target.outbox)} (aggregate_id, event_type, payload)
     SELECT {aggregate}, {_literal(target.event)},
            jsonb_build_object('table', {_literal(target.table.name)}, 'key', u.__ba_k,
                               'old', jsonb_build_object({old}), 'new', jsonb_build_object({new}))

@@ -25,11 +25,11 @@ def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -
     A run of one of a spec's own jobs has that job's tags already; a run of another asset job that
     materializes a spec's assets gets the spec's job tags (e.g. `batch_assets/kind: sweep`).
     """
-    from batch_assets.orchestration.registry import all_specs  # when a run is submitted, not when the instance loads
+    from batch_assets.orchestration.project import current  # when a run is submitted, not when the instance loads
 
     selected = None if asset_selection is None else set(asset_selection)
     owed: dict[str, str] = {}
-    for spec in all_specs():
+    for spec in current().all_specs():
         if job_name in spec.job_names:
             return {}
         keys = {key for asset in spec.assets if isinstance(asset, dg.AssetsDefinition) and asset.is_materializable
@@ -44,10 +44,10 @@ def budget_refusal(job_name: str, run_config: Mapping[str, Any] | None) -> str |
     budget (orchestration/budget.py), or None. A config the plan op would refuse is left to it (its one line);
     a database that does not answer here is left to the run."""
     from batch_assets.db.engine import one_off_engine
-    from batch_assets.orchestration.registry import all_specs
+    from batch_assets.orchestration.project import current
     from batch_assets.settings import load_settings
 
-    spec = next((s for s in all_specs() if job_name in {j.name for j in s.op_jobs}), None)
+    spec = next((s for s in current().all_specs() if job_name in {j.name for j in s.op_jobs}), None)
     if spec is None:
         return None
     values = (((run_config or {}).get("ops") or {}).get(spec.config_op) or {}).get("config") or {}

@@ -25,6 +25,7 @@ from batch_assets.db.engine import (
     resolve_database_url,
     run_application_name,
 )
+from batch_assets.errors import ConfigError
 from batch_assets.locking.checkpoint import CheckpointStore
 from batch_assets.locking.lock import JobLock, make_job_lock
 from batch_assets.run_dates import today_in
@@ -41,12 +42,20 @@ from batch_assets.settings_model import check_run_date
 
 
 class DatabaseResource(dg.ConfigurableResource):
-    """PostgreSQL with the business tables: BATCH_ASSETS_DATABASE_URL, or the embedded server when unset."""
+    """PostgreSQL with the business tables: BATCH_ASSETS_DATABASE_URL, or the embedded server when unset (this
+    repository's code location only; a team's declaration needs a URL)."""
 
     url: str | None = Field(
         default=None,
-        description="SQLAlchemy URL, set through EnvVar BATCH_ASSETS_DATABASE_URL. Unset: the embedded PostgreSQL.",
+        description="SQLAlchemy URL, set through EnvVar (BATCH_ASSETS_DATABASE_URL, or the variable a declaration's "
+        "database_url names). Unset: BATCH_ASSETS_DATABASE_URL, else the embedded PostgreSQL where allowed.",
     )
+    url_ref: str | None = Field(
+        default=None,
+        description="The declaration whose database_url was written as a value rather than {{ env.NAME }}: the "
+        "value is kept in this process only, never in the resource's config.",
+    )
+    embedded: bool = Field(default=True, description="Whether no URL at all starts the embedded PostgreSQL.")
     pool_size: int = Field(default=0, description=f"Connections in the pool. 0 = {DEFAULT_POOL_SIZE}.")
 
     _engines: dict[int, sa.Engine] = PrivateAttr(default_factory=dict)
@@ -55,14 +64,22 @@ class DatabaseResource(dg.ConfigurableResource):
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._engines = {}
         # Every connection of a run carries its run id in application_name: the backends one run holds are
-        # countable in pg_stat_activity (the connection budget, README "Connection budget").
+        # countable in pg_stat_activity (the connection budget, docs/production.md).
         self._run_id = context.run.run_id if context.run is not None else None
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.dispose()
 
     def resolved_url(self) -> str:
-        return normalize_url(self.url) if self.url else resolve_database_url(load_settings())
+        if self.url:
+            return normalize_url(self.url)
+        if self.url_ref:
+            return normalize_url(secret_url(self.url_ref))
+        settings = load_settings()
+        if settings.database_url is None and not self.embedded:
+            raise ConfigError("no database: set the declaration's database_url (e.g. \"{{ env.APP_DATABASE_URL }}\") "
+                              f"or {DATABASE_URL_VAR}", field="database_url")
+        return resolve_database_url(settings)
 
     def get_engine(self, min_pool_size: int = 0) -> sa.Engine:
         """This process's engine; a second, larger pool only when a caller needs more connections."""
@@ -149,6 +166,22 @@ class CheckpointsResource(dg.ConfigurableResource):
 
     def store(self, engine: sa.Engine) -> CheckpointStore:
         return CheckpointStore(engine)
+
+
+_SECRET_URLS: dict[str, str] = {}
+"""Database URLs a declaration wrote as values, by the declaration's name: kept in the process that loaded the
+declaration (every process of a run loads the code location again), never in a resource's config."""
+
+
+def keep_secret_url(ref: str, url: str) -> None:
+    _SECRET_URLS[ref] = url
+
+
+def secret_url(ref: str) -> str:
+    try:
+        return _SECRET_URLS[ref]
+    except KeyError:
+        raise ConfigError(f"the database_url of {ref!r} is not loaded in this process", field="database_url") from None
 
 
 def env_if_set(name: str) -> Any:

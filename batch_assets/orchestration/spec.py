@@ -51,6 +51,9 @@ class JobSpec:
     resources: Callable[[Settings], Mapping[str, Any]] | None = None
     """(settings) → the job's own resources, chosen by the environment when the code location loads
     (e.g. the outbox sink); keyed by the op parameter names."""
+    database_url: Callable[[], str] | None = None
+    """The job's database when it is not the code location's (a declaration's `database_url`): where the CLI
+    checks migrations and reads the run's summary. A secret: never printed."""
 
     @property
     def name(self) -> str:

@@ -22,7 +22,9 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from batch_assets.errors import ConfigError
-from batch_assets.queue.handler import Handler, KwargsHandler, load_function
+from batch_assets.plugins import load_function
+from batch_assets.queue.executor import Refusal
+from batch_assets.queue.handler import Handler, KwargsHandler
 from batch_assets.queue.settings import MAX_CONCURRENCY, QueueSettings
 from batch_assets.queue.spec import NAME_RE, QueueSpec, check_identifier
 from batch_assets.queue.store import QueueStore
@@ -165,6 +167,10 @@ class QueueDeclaration(BaseModel):
         if getattr(function, FACTORY_MARK, False):
             return function(settings)
         return KwargsHandler(function, concurrency=settings.concurrency, name=self.handler)
+
+    def refusal(self) -> Refusal | None:
+        """What the worker refuses without a call (FAILED at once); none by default."""
+        return None
 
     def check_static(self) -> None:
         """What can be checked without the database: the handler imports and is callable."""

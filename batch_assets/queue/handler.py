@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import importlib
 import inspect
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from batch_assets.errors import ConfigError, PermanentFailure, RetryAfter
+from batch_assets.errors import PermanentFailure, RetryAfter
 from batch_assets.queue.claims import Claim, clip
 
 
@@ -147,22 +146,3 @@ def describe(exc: BaseException) -> str:
     """`Type: message`, one line clipped to ERROR_MAX_BYTES (a handler may raise any size of text)."""
     text = clip(exc)
     return clip(f"{type(exc).__name__}: {text}") if text else type(exc).__name__
-
-
-def load_function(spec: str, *, field: str) -> Callable[..., Any]:
-    """`module:function` → the callable; anything not importable or not callable is a ConfigError naming `field`."""
-    module_name, sep, attr = str(spec).strip().partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"must be module:function, got {spec!r}", field=field)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or the module itself failed while importing
-        raise ConfigError(f"cannot import {module_name!r} ({type(exc).__name__})", field=field) from None
-    function: Any = module
-    for part in attr.split("."):
-        function = getattr(function, part, None)
-        if function is None:
-            raise ConfigError(f"{module_name!r} has no {attr!r}", field=field)
-    if not callable(function):
-        raise ConfigError(f"{spec!r} is not callable", field=field)
-    return function

@@ -18,12 +18,8 @@ from helpers import sensor_resources
 from batch_assets import run_history
 from batch_assets.definitions import defs as load_defs
 from batch_assets.reference.customer_status.crypto import DobCipher
-from batch_assets.reference.customer_status.dagster import (
-    RULES_KEY_TAG,
-    RulesSensorState,
-    SweepConfig,
-    sweep_run_config,
-)
+from batch_assets.reference.customer_status.dagster import SweepConfig, sweep_run_config
+from batch_assets.reference.customer_status.sensor import RULES_KEY_TAG, RulesSensorState
 from batch_assets.reference.customer_status.rules import Rules
 from batch_assets.reference.customer_status.rules_store import set_rules
 from batch_assets.reference.customer_status.seed import seed_customers
@@ -82,7 +78,7 @@ def test_a_rules_change_swept_while_a_cli_sweep_holds_the_lock_ends_with_exactly
 ) -> None:
     """The first config-change run is SKIPPED (a CLI sweep holds the lock); the sensor requests it again until
     one run for the fingerprint succeeds, then never again."""
-    monkeypatch.setattr("batch_assets.reference.customer_status.dagster.RULES_RETRY_BASE_S", 0.0)  # no backoff here
+    monkeypatch.setattr("batch_assets.reference.customer_status.sensor.RULES_RETRY_BASE_S", 0.0)  # no backoff here
     seed_customers(engine, cipher, 60_000, run_date=date(2025, 6, 1), seed=21)
     out = (tmp_path / "cli.out").open("w")
     cli = subprocess.Popen(

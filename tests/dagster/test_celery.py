@@ -16,7 +16,8 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from batch_assets.orchestration.launch import launch_job, repo_root
+from batch_assets.orchestration.instance_home import repo_root
+from batch_assets.orchestration.launch import launch_job
 from batch_assets.reference.customer_status.dagster import SweepConfig
 from batch_assets.settings import Settings
 

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from helpers import kill_session
 
-from batch_assets.orchestration import registry
+from batch_assets.definitions import PROJECT
 from batch_assets.reference.customer_status.crypto import DobCipher
 from batch_assets.reference.customer_status.seed import seed_customers
 from batch_assets.reference.payments.seed import seed_payments
@@ -48,11 +48,11 @@ finally:
 
 
 def test_job_modules_name_every_job_of_their_specs() -> None:
-    """The registry's name → module table (what lets the CLI import one job's module) matches the specs."""
-    for module, names in registry.JOB_MODULES.items():
+    """The project's name → module table (what lets the CLI import one job's module) matches the specs."""
+    for module, names in PROJECT.job_modules.items():
         spec = __import__(module, fromlist=["SPEC"]).SPEC
         assert tuple(names) == spec.job_names, module
-    assert [s.name for s in registry.SPECS] == [names[0] for names in registry.JOB_MODULES.values()]
+    assert [s.name for s in PROJECT.own_specs()] == [names[0] for names in PROJECT.job_modules.values()]
 
 
 def _cli_run(argv: list[str], env: dict[str, str], tmp_path: Path) -> tuple[int, str, str, set[str]]:

@@ -9,7 +9,8 @@ import sqlalchemy as sa
 from batch_assets import run_history
 from batch_assets.errors import ConfigError
 from batch_assets.locking.lock import PostgresJobLock
-from batch_assets.orchestration.launch import ensure_instance, get_job, launch_job, reexecute_from_failure
+from batch_assets.orchestration.code_location import get_job
+from batch_assets.orchestration.launch import ensure_instance, launch_job, reexecute_from_failure
 from batch_assets.orchestration.outbox_job import OutboxRelayConfig
 from batch_assets.reference.customer_status.dagster import SweepConfig
 from batch_assets.reference.payments.dagster import QueueDrainConfig

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.orchestration.launch import repo_root
+from batch_assets.orchestration.instance_home import repo_root
 from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.settings import Settings
 

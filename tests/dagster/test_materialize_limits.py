@@ -9,9 +9,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from batch_assets.definitions import PROJECT
 from batch_assets.definitions import defs as load_defs
+from batch_assets.orchestration.code_location import job_origin
 from batch_assets.orchestration.coordinator import BatchAssetsRunCoordinator
-from batch_assets.orchestration.launch import repo_root, workspace_job_origin
+from batch_assets.orchestration.instance_home import repo_root
 from batch_assets.reference.customer_status.dagster import SWEEP_ASSET_KEYS, SWEEP_TAGS
 from batch_assets.settings import Settings
 
@@ -47,7 +49,7 @@ def test_a_materialize_run_of_the_implicit_asset_job_is_queued_with_the_sweep_ta
     with project_instance as instance:
         run = instance.create_run_for_job(
             job_def=implicit, run_config={}, asset_selection=frozenset(SWEEP_ASSET_KEYS),
-            remote_job_origin=workspace_job_origin(implicit.name),
+            remote_job_origin=job_origin(PROJECT, implicit.name),
         )
         assert "batch_assets/kind" not in run.tags
         instance.run_coordinator.submit_run(dg.SubmitRunContext(run, workspace=None))  # type: ignore[arg-type]
@@ -68,10 +70,10 @@ def test_runs_of_other_assets_or_of_the_jobs_themselves_get_no_extra_tag(
         implicit = defs.resolve_implicit_global_asset_job_def()
         observe = instance.create_run_for_job(
             job_def=implicit, asset_selection=frozenset({dg.AssetKey("customers")}),
-            remote_job_origin=workspace_job_origin(implicit.name),
+            remote_job_origin=job_origin(PROJECT, implicit.name),
         )
         drain = instance.create_run_for_job(job_def=defs.resolve_job_def("payment_queue_drain_job"),
-                                            remote_job_origin=workspace_job_origin("payment_queue_drain_job"))
+                                            remote_job_origin=job_origin(PROJECT, "payment_queue_drain_job"))
         for run in (observe, drain):
             instance.run_coordinator.submit_run(dg.SubmitRunContext(run, workspace=None))  # type: ignore[arg-type]
             stored = instance.get_run_by_id(run.run_id)
@@ -89,7 +91,7 @@ def test_a_run_over_the_connection_budget_is_failed_at_submit_with_the_reason(
     plan = {"mode": "full", "run_date": "2025-06-01", "ranges": 3, "workers": 32}
     with project_instance as instance:
         over = instance.create_run_for_job(
-            job_def=job, remote_job_origin=workspace_job_origin(job.name),
+            job_def=job, remote_job_origin=job_origin(PROJECT, job.name),
             run_config={"ops": {"plan_sweep": {"config": plan}},
                         "execution": {"config": {"multiprocess": {"max_concurrent": 3}}}},
         )
@@ -101,7 +103,7 @@ def test_a_run_over_the_connection_budget_is_failed_at_submit_with_the_reason(
         assert "refused before it started: workers: a run needs 108 connections" in message, message
 
         fits = instance.create_run_for_job(
-            job_def=job, remote_job_origin=workspace_job_origin(job.name),
+            job_def=job, remote_job_origin=job_origin(PROJECT, job.name),
             run_config={"ops": {"plan_sweep": {"config": plan}}, "execution": {"config": {"in_process": {}}}},
         )
         instance.run_coordinator.submit_run(dg.SubmitRunContext(fits, workspace=None))  # type: ignore[arg-type]

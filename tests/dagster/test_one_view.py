@@ -5,7 +5,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from batch_assets.orchestration.launch import launch_job, repo_root
+from batch_assets.orchestration.instance_home import repo_root
+from batch_assets.orchestration.launch import launch_job
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]

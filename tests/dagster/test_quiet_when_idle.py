@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from helpers import sensor_resources
 
 from batch_assets.definitions import defs as load_defs
-from batch_assets.orchestration.launch import get_job
+from batch_assets.orchestration.code_location import get_job
 from batch_assets.reference.payments.queue import enqueue
 from batch_assets.settings import Settings
 

@@ -1,6 +1,9 @@
-"""The job registry: every job is one JobSpec, and one spec is all a new job needs to be launched and loaded."""
+"""The code location's jobs: every job is one JobSpec, and one spec is all a new job needs to be launched and loaded."""
 
 # No `from __future__ import annotations`: Dagster reads the toy op's config and resource annotations.
+
+import dataclasses
+from collections.abc import Iterator
 
 import dagster as dg
 import pydantic
@@ -8,11 +11,13 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets import run_history
+from batch_assets.definitions import PROJECT
 from batch_assets.errors import ConfigError
-from batch_assets.orchestration import registry
+from batch_assets.orchestration.code_location import get_job
 from batch_assets.orchestration.config import config_class
-from batch_assets.orchestration.launch import build_run_config, get_job, launch_job
+from batch_assets.orchestration.launch import build_run_config, launch_job
 from batch_assets.orchestration.ops import SUCCESS, empty_summary, finish, utcnow, validated_plan
+from batch_assets.orchestration.project import use
 from batch_assets.orchestration.resources import DatabaseResource
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.settings import Settings
@@ -56,7 +61,7 @@ def test_every_registered_job_resolves_with_its_config_op_and_default_config() -
     from batch_assets.definitions import defs
 
     loaded = defs() if callable(defs) else defs
-    for spec in registry.SPECS:
+    for spec in PROJECT.own_specs():
         for job in spec.op_jobs:
             resolved = loaded.resolve_job_def(job.name)
             assert resolved.graph.node_named(spec.config_op) is not None or any(
@@ -64,9 +69,9 @@ def test_every_registered_job_resolves_with_its_config_op_and_default_config() -
             ), (job.name, spec.config_op)
         assert spec.config.from_values(None).to_settings() is not None, spec.name
         for name in spec.job_names:
-            assert registry.spec_for(name) is spec
+            assert PROJECT.spec_for(name) is spec
     with pytest.raises(ConfigError) as info:
-        registry.spec_for("no_such_job")
+        PROJECT.spec_for("no_such_job")
     assert info.value.field == "job" and "customer_status_sweep_job" in str(info.value)
 
 
@@ -85,14 +90,25 @@ def test_field_bounds_live_on_the_settings_model_and_to_settings_enforces_them()
         assert info.value.field == "limit", bad
 
 
-def test_a_new_job_is_one_spec_in_the_registry(
-    dagster_env: Settings, engine: sa.Engine, seeded: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With one more JobSpec in SPECS, the job is launched by name with its config (validated, exit-2 errors
-    naming the field), runs as a Dagster run, and its summary comes back; no other table is edited."""
-    monkeypatch.setattr(registry, "SPECS", (*registry.SPECS, TOY))
+@pytest.fixture
+def toy_project() -> Iterator[None]:
+    """This repository's project with one more job: this module's SPEC (the toy job)."""
+    use(dataclasses.replace(PROJECT, job_modules={**PROJECT.job_modules, __name__: ("toy_count_job",)}))
+    try:
+        yield
+    finally:
+        use(PROJECT)
+
+
+SPEC = TOY
+
+
+def test_a_new_job_is_one_spec_in_the_project(dagster_env: Settings, engine: sa.Engine, seeded: int,
+                                              toy_project: None) -> None:
+    """With one more module in the project's jobs, the job is launched by name with its config (validated, exit-2
+    errors naming the field), runs as a Dagster run, and its summary comes back; no other table is edited."""
     assert get_job("toy_count_job").name == "toy_count_job"
-    assert build_run_config("toy_count_job", ToyConfig(limit=5))["ops"] == {"count_customers": {"config": {"limit": 5}}}
+    assert build_run_config(TOY, ToyConfig(limit=5))["ops"] == {"count_customers": {"config": {"limit": 5}}}
     with pytest.raises(ConfigError) as info:
         launch_job("toy_count_job", {"limit": 5000}, settings=dagster_env)
     assert info.value.field == "limit"

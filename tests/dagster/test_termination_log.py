@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, date, datetime
+from types import SimpleNamespace
 
 import dagster as dg
 import pytest
@@ -12,8 +13,10 @@ import sqlalchemy as sa
 from batch_assets.engine.definition import CursorRange
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.locking.checkpoint import CheckpointStore
-from batch_assets.orchestration.resources import CheckpointsResource
-from batch_assets.reference.customer_status.dagster import RangeTask, log_termination
+from batch_assets.orchestration.sweep_job import PrepareContext, RangeTask
+from batch_assets.orchestration.sweep_job.ops import log_termination
+from batch_assets.reference.customer_status.dagster import SWEEP
+from batch_assets.reference.customer_status.names import NAMES
 from batch_assets.reference.customer_status.resources import EncryptionResource
 from batch_assets.reference.customer_status.rules_store import current_rules
 from batch_assets.reference.customer_status.sweep import SWEEP_NAME
@@ -37,9 +40,11 @@ def test_a_terminated_delta_range_logs_its_counts_and_its_checkpoint_id_never_it
     )
     task = RangeTask(index=0, count=1, cursor_range=CursorRange(), mode="delta", run_date=run_date,
                      settings=SweepSettings(), owner="r1@host:1", started_at=datetime.now(UTC),
-                     rules_fingerprint=rules.fingerprint)
+                     fingerprint=fingerprint)
+    prepared = SWEEP.prepare(PrepareContext(engine=engine, resources=SimpleNamespace(
+        encryption=EncryptionResource(key=key_text))))
     with dg.build_op_context() as context:
-        log_termination(context, engine, task, EncryptionResource(key=key_text), CheckpointsResource())
+        log_termination(context, task, NAMES, prepared.definition("delta", run_date), CheckpointStore(engine))
     [line] = [text for text in capsys.readouterr().err.splitlines() if "terminated" in text]
     assert "scanned 3,000" in line and "changed 120" in line and str(row_id) in line
     assert "2031" not in line

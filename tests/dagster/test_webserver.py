@@ -20,7 +20,8 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets import run_history
-from batch_assets.orchestration.launch import ensure_instance, repo_root
+from batch_assets.orchestration.instance_home import repo_root
+from batch_assets.orchestration.launch import ensure_instance
 from batch_assets.reference.customer_status.crypto import DobCipher
 from batch_assets.settings import Settings
 

@@ -1,73 +1,63 @@
-"""`batch_assets.SweepComponent`: a team's own sweep, declared in a defs.yaml (CONTRACT §9).
+"""`batch_assets.SweepComponent`: a team's own sweep, declared in a defs.yaml.
 
     type: batch_assets.SweepComponent
-    attributes: {name, table, key, columns, where?, due?, compute, writes, sensitive?, event?, schedules?}
+    attributes: {name, table, key, columns, where?, due?, compute, writes, sensitive?, event?, schedules?,
+                 database_url?, asset_key?, source_asset_key?}
 
 The attributes are checked in two steps, each failure a ConfigError naming the attribute (exit 2):
 
 * when the file is loaded (`SweepComponent` is a pydantic model, unknown attributes forbidden): the name, the
-  lists (writes and sensitive among columns), the function's form, the schedules and their time zone;
-* against the database (`target(engine)`): the table and every column exist, the key is uuid, bigint or
-  integer and unique, `due` is a date column, `where` is a valid condition, the function can be imported.
+  lists (writes and sensitive among columns), the function (it must import: beside the defs.yaml first), the
+  schedules and their time zone;
+* against the database (`target(engine)`): the table and every column exist, the key is uuid, bigint or integer and
+  unique, `due` is a date column, `where` is a valid condition. `jobs list|run` check it; so does loading the
+  component in a team's project whenever the database answers.
 
-`build_defs` gives the same shape as the customer-status sweep (orchestration.sweep_job): the graph asset over
-cursor ranges, its job, schedules, checks, progress, metadata, lock, lease and checkpoints.
+`build_defs` is the one route to Dagster: the one sweep-job builder's graph asset over cursor ranges, its jobs,
+schedules, checks and, in a team's project, the resources its jobs need.
 """
 
 # No `from __future__ import annotations`: pydantic and Dagster read the annotations at runtime.
 
 import hashlib
-import importlib
 import json
 import re
 from collections.abc import Callable
 from datetime import date
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import dagster as dg
 import sqlalchemy as sa
-from pydantic import field_validator
+from pydantic import PrivateAttr, field_validator
 
 from batch_assets.engine.ranges import plan_ranges
 from batch_assets.engine.table import KEY_TYPES, Table, has_unique_index, read_table, split_name
 from batch_assets.engine.table_sweep import Compute, DeclaredSweep, SweepTarget
 from batch_assets.errors import ConfigError, error_text
+from batch_assets.orchestration.components.common import (
+    DATABASE_URL_RESOLVER,
+    DatabaseUrl,
+    Schedules,
+    asset_key_of,
+    checked_asset_key,
+    definitions_of,
+    folder_of,
+    location_status,
+    own_resources,
+    reachable_engine,
+    schedule_default,
+    url_getter,
+)
+from batch_assets.orchestration.defaults import REPOSITORY, TEAM, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
+from batch_assets.plugins import load_function
 
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,40}")
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 TABLE_RE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_$]{0,62}\.)?[A-Za-z_][A-Za-z0-9_$]{0,62}")
 FUNCTION_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 EVENT_RE = re.compile(r"[a-z][a-z0-9_.]{0,60}")
-
-
-class Schedules(dg.Model):
-    """When the sweep runs: cron expressions per mode and their time zone (default BATCH_ASSETS_TIMEZONE)."""
-
-    delta: str | None = None
-    full: str | None = None
-    timezone: str | None = None
-
-    @field_validator("delta", "full")
-    @classmethod
-    def _cron(cls, value: str | None) -> str | None:
-        from dagster._utils.schedules import is_valid_cron_string
-
-        if value is not None and not is_valid_cron_string(value):
-            raise ValueError(f"not a cron expression: {value!r}")
-        return value
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str | None) -> str | None:
-        from batch_assets.run_dates import zone
-
-        if value is not None:
-            try:
-                zone(value)
-            except ConfigError:
-                raise ValueError(f"unknown time zone {value!r}") from None
-        return value
 
 
 def _identifiers(values: list[str], what: str) -> list[str]:
@@ -80,7 +70,7 @@ def _identifiers(values: list[str], what: str) -> list[str]:
 
 
 class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
-    """A declared sweep of a team's own table (CONTRACT §9): one job and one asset named `name`."""
+    """A declared sweep of a team's own table: one job and one asset named `name`."""
 
     name: str
     table: str
@@ -93,6 +83,12 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     sensitive: list[str] = []
     event: str | None = None
     schedules: Schedules | None = None
+    database_url: Annotated[DatabaseUrl | None, DATABASE_URL_RESOLVER] = None
+    asset_key: str | None = None
+    source_asset_key: str | None = None
+
+    _folder: Path | None = PrivateAttr(default=None)
+    _built: dict[LocationDefaults, list[JobSpec]] = PrivateAttr(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -158,27 +154,31 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
             raise ValueError(f"must match [a-z][a-z0-9_.]{{0,60}}, got {value!r}")
         return value
 
+    @field_validator("asset_key", "source_asset_key")
+    @classmethod
+    def _asset_key(cls, value: str | None) -> str | None:
+        return checked_asset_key(value)
+
     def check_static(self) -> None:
-        """What needs both the attributes and no database: a delta schedule needs `due`."""
+        """What needs both the attributes and no database: a delta schedule needs `due`; the function imports."""
         if self.schedules is not None and self.schedules.delta is not None and self.due is None:
             raise ConfigError("a delta schedule needs `due` (delta selects the rows that are due)",
                               field="schedules.delta")
+        self.function()
 
     # --- against the database ---------------------------------------------------------------------
 
-    def function(self) -> Compute:
-        """The declared compute function, imported (the defs folder is first on sys.path)."""
-        module_name, _, attribute = self.compute.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-            function = getattr(module, attribute)
-        except Exception as exc:  # noqa: BLE001 — any import failure of the team's module is this one error
-            raise ConfigError(f"{self.compute} cannot be imported: {error_text(exc)}", field="compute") from None
-        if not callable(function):
-            raise ConfigError(f"{self.compute} is not a function", field="compute")
-        return function
+    def located(self, folder: Path | None) -> "SweepComponent":
+        """Where the defs.yaml is: `compute` is looked for beside it first."""
+        if folder is not None:
+            self._folder = folder
+        return self
 
-    def target(self, engine: sa.Engine) -> SweepTarget:
+    def function(self) -> Compute:
+        """The declared compute function: beside the defs.yaml first, then on the Python path."""
+        return load_function(self.compute, field="compute", beside=self._folder)
+
+    def target(self, engine: sa.Engine, outbox: str = REPOSITORY.outbox_table) -> SweepTarget:
         """The declaration checked against the database (ConfigError naming the attribute)."""
         compute = self.function()
         with engine.connect() as conn:
@@ -209,7 +209,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
         return SweepTarget(
             name=self.name, table=table, key=key, kind=kind, columns=tuple(self.columns), due=due,
             writes=tuple(self.writes), sensitive=frozenset(self.sensitive), where=self.where, event=self.event,
-            compute=compute,
+            compute=compute, outbox=outbox,
         )
 
     def check_database(self, engine: sa.Engine) -> None:
@@ -218,20 +218,36 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
 
     def fingerprint(self) -> str:
         """What a checkpoint of this sweep must match: the declaration (a changed one starts over)."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        dump = self.model_dump(mode="json", exclude={"database_url"})
+        # Attributes added since the first release count only when set, so an unchanged declaration keeps its
+        # fingerprint (and an interrupted run of it resumes) across the upgrade.
+        for added in ("asset_key", "source_asset_key"):
+            if dump.get(added) is None:
+                dump.pop(added, None)
+        if isinstance(dump.get("schedules"), dict) and dump["schedules"].get("status") is None:
+            dump["schedules"].pop("status", None)
+        text = json.dumps(dump, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     # --- Dagster ----------------------------------------------------------------------------------
 
-    def job_specs(self) -> list[JobSpec]:
-        """The declared job (the registry adds it to the product's)."""
-        from batch_assets.orchestration.sweep_job import Prepared, SweepJob, build_sweep_job
+    def built_specs(self, defaults: LocationDefaults, folder: Path | None = None) -> list[JobSpec]:
+        """The declared job for a code location with `defaults` (built once per location kind)."""
+        self.located(folder)
+        built = self._built.get(defaults)
+        if built is None:
+            built = self._built[defaults] = [self._build(defaults)]
+        return built
+
+    def _build(self, defaults: LocationDefaults) -> JobSpec:
+        from batch_assets.orchestration.sweep_job import PrepareContext, Prepared, ResourceKeys, SweepJob, SweepSchedule
+        from batch_assets.orchestration.sweep_job import build_sweep_job as build
 
         self.check_static()
         schema, table = split_name(self.table)
 
-        def prepare(engine: sa.Engine) -> Prepared:
-            target = self.target(engine)
+        def prepare(ctx: PrepareContext) -> Prepared:
+            target = self.target(ctx.engine, defaults.outbox_table)
             return Prepared(
                 definition=lambda mode, run_date: DeclaredSweep(target, mode, run_date),
                 plan_ranges=_range_planner(target, self.where),
@@ -239,21 +255,46 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
                 overdue=_overdue_counter(target) if target.due is not None else None,
             )
 
-        modes = ("delta", "full") if self.due is not None else ("full",)
-        schedules = {m: c for m, c in (("delta", self.schedules.delta), ("full", self.schedules.full))
-                     if c is not None} if self.schedules is not None else {}
+        schedules = self.schedules
+        planned = tuple(SweepSchedule(mode, cron) for mode, cron in
+                        (("delta", schedules.delta), ("full", schedules.full)) if cron is not None) \
+            if schedules is not None else ()
         description = (f"Declared sweep of {self.table}: {self.compute} computes {', '.join(self.writes)}"
                        + (f" for rows due by {self.due}" if self.due else "") + ".")
-        return [build_sweep_job(SweepJob(
-            name=self.name, description=description, modes=modes, prepare=prepare,
-            source=dg.AssetKey([schema, table]), schedules=schedules,
-            timezone=self.schedules.timezone if self.schedules is not None else None,
-        ))]
+        source = asset_key_of(self.source_asset_key) if self.source_asset_key else dg.AssetKey([schema, table])
+        return build(SweepJob(
+            name=self.name, description=description, prepare=prepare, source=source,
+            modes=("delta", "full") if self.due is not None else ("full",),
+            asset_key=asset_key_of(self.asset_key) if self.asset_key else None,
+            # One spec per table, whatever sweeps read it: two sweeps over a table share its source asset.
+            source_asset=dg.AssetSpec(source, description=f"The table {self.table} (written by other services).",
+                                      group_name="declared"),
+            keys=ResourceKeys() if defaults.shared_resources else ResourceKeys.prefixed(f"{self.name}__"),
+            schedules=planned, timezone=schedules.timezone if schedules is not None else None,
+            schedule_status=schedule_default(schedules.status if schedules is not None else None, defaults),
+            database_url=url_getter(self.name, self.database_url),
+        ))
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from batch_assets.orchestration.sweep_job import definitions_of
+        """This declaration's definitions in a team's own project: self-contained, with its own resources. Checked
+        against the database whenever it answers (a declaration that cannot work fails the load, naming the
+        attribute); a database that is down never stops the code location from loading."""
+        return self.definitions(TEAM, folder_of(context))
 
-        return definitions_of(self.job_specs())
+    def definitions(self, defaults: LocationDefaults, folder: Path | None) -> dg.Definitions:
+        specs = self.built_specs(defaults, folder)
+        resources = None
+        if not defaults.shared_resources:
+            resources = own_resources(self.name, self.database_url, defaults)
+            url = resources[f"{self.name}__database"].resolved_url()
+            engine = reachable_engine(url)
+            if engine is not None:
+                try:
+                    self.target(engine, defaults.outbox_table)
+                finally:
+                    engine.dispose()
+        timezone, status = location_status()
+        return definitions_of(specs, resources=resources, timezone=timezone, status=status)
 
 
 def _check_where(conn: sa.Connection, table: Table, where: str) -> None:

@@ -5,6 +5,7 @@ Lineage: payments ─▶ payment_status.
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
 
+import dataclasses
 import json
 import time
 from typing import Any
@@ -12,24 +13,12 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import IN_PROGRESS
-from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.metadata import markdown_table, observable_table
-from batch_assets.orchestration.ops import (
-    config_failure,
-    config_of,
-    config_schema_of,
-    finish,
-    run_in_thread,
-    stop_on_interrupt,
-    utcnow,
-)
-from batch_assets.orchestration.progress import OpProgress
-from batch_assets.orchestration.queue_job import QueueWorkConfig
+from batch_assets.orchestration.queue_job import QueueJob, QueueWorkConfig, build_queue_job
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource, env_if_set
-from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.watchdog import fail_if_dead
+from batch_assets.queue.breaker import BREAKER_CODES
 from batch_assets.queue.handler import Handler
 from batch_assets.queue.settings import QueueSettings
 from batch_assets.queue.store import STATUSES
@@ -37,9 +26,7 @@ from batch_assets.reference.payments import sql
 from batch_assets.reference.payments.declaration import PAYMENTS_QUEUE
 from batch_assets.reference.payments.handler import PAYMENT_HANDLER_VAR, default_handler
 from batch_assets.reference.payments.queue import dlq_size, queue_stats
-from batch_assets.reference.payments.worker import BREAKER_CODES, run_worker
 from batch_assets.settings import LIMITS_URL_VAR, Settings
-from batch_assets.shutdown import STOP
 
 NIGHTLY = "nightly_jobs"
 QUEUE_DRAIN_INTERVAL_S = 30
@@ -52,8 +39,8 @@ QUEUE_DRAIN_MAX_SECONDS = 300
 
 
 class QueueDrainConfig(QueueWorkConfig):
-    """The payment worker (CONTRACT §7): a drain, or the resident worker. Unset = the payments
-    queue's declared value (`declaration.PAYMENTS_QUEUE`)."""
+    """The payment worker: a drain, or the resident worker. Unset = the payments queue's declared value
+    (`declaration.PAYMENTS_QUEUE`)."""
 
 
 # --- the handler (CONTRACT §7) -----------------------------------------------------------------
@@ -81,45 +68,20 @@ def payment_resources(settings: Settings) -> dict[str, Any]:
                                                       limits_url=env_if_set(LIMITS_URL_VAR))}
 
 
-# --- op and job ----------------------------------------------------------------------------
+# --- the job: the one queue-job builder, with the payments' handler resource and report -----------------------
 
 
-@dg.op(tags={"kind": "queue"}, pool=APP_DATABASE_POOL, config_schema=config_schema_of(QueueDrainConfig))
-def drain_payment_queue(
-    context: dg.OpExecutionContext,
-    database: DatabaseResource,
-    payment_handler: PaymentHandlerResource,
-) -> dict:
-    """Process due payments: until nothing is due (drain), or resident until stopped or max_seconds."""
+def _handler(resources: Any, settings: QueueSettings) -> Handler:
+    return resources.payment_handler.handler(settings)
 
-    started_at = utcnow()
-    try:  # a bad field: one line naming it; an unimportable BATCH_ASSETS_PAYMENT_HANDLER: failed before any claim
-        run = config_of(QueueDrainConfig, context).to_settings()
-        settings = run.worker_settings(PAYMENTS_QUEUE.settings)
-        handler = payment_handler.handler(settings)
-    except ConfigError as exc:
-        raise config_failure(exc) from None
-    # The worker runs on two connections of its own; the pool serves the bookkeeping around it.
-    engine = database.get_engine(min_pool_size=4)
-    progress = OpProgress(context, label="payment queue", asset_key="payment_status")
-    with stop_on_interrupt(), progress:
-        # The worker runs in a thread of its own: a run termination lands in this op's wait, sets STOP, and
-        # the worker gives back its claims and writes its results before the interruption goes on.
-        result = run_in_thread(
-            lambda: run_worker(
-                engine, settings, handler=handler, stop=STOP, max_seconds=run.max_seconds, drain=run.drain,
-                progress=progress,
-            ),
-            name="payment-worker", grace_s=settings.drain_timeout_s + 30,
-        )
-    summary = finish(context, engine, summary=result.to_summary(context.run_id), started_at=started_at)
+
+def _report(context: dg.OpExecutionContext, engine: Any, summary: dict[str, Any], result: Any, run: Any) -> None:
+    """payment_status after a drain: numbers, so the UI's Plots tab charts them across drains."""
     stats = queue_stats(engine)
-    table = status_table(stats)
     context.log_event(
         dg.AssetMaterialization(
             asset_key="payment_status",
             description="payment queue drain" if run.drain else "resident payment worker",
-            # Numbers, so the UI's Plots tab charts them across drains.
             metadata={
                 "done": summary["changed"],
                 "retried": int(summary.get("retried") or 0),
@@ -130,19 +92,21 @@ def drain_payment_queue(
                 "breaker_state": BREAKER_CODES[result.breaker],
                 "breaker": dg.MetadataValue.text(result.breaker),
                 "breaker_opened": result.breaker_opened,
-                "payments_by_status": table,
+                "payments_by_status": status_table(stats),
                 "duration_s": summary["duration_s"],
             },
         )
     )
-    return summary
 
 
-@dg.job(description="The payment worker: drain the queue once (drain=True) or stay resident until stopped; "
-        "claim due payments, call the handler, record results in bulk.",
-        tags={"batch_assets/kind": "queue"})
-def payment_queue_drain_job() -> None:
-    drain_payment_queue()
+_BUILT = build_queue_job(QueueJob(
+    PAYMENTS_QUEUE, job="payment_queue_drain_job", op="drain_payment_queue", config=QueueDrainConfig,
+    description="The payment worker: drain the queue once (drain=True) or stay resident until stopped; claim due "
+    "payments, call the handler, record results in bulk.",
+    resource_keys=("payment_handler",), handler=_handler, report=_report, progress_asset="payment_status",
+    resources=payment_resources,
+))
+payment_queue_drain_job = _BUILT.job
 
 
 # --- assets and checks ------------------------------------------------------------------------
@@ -304,13 +268,10 @@ def build_sensors(status: dg.DefaultSensorStatus) -> list[dg.SensorDefinition]:
     ]
 
 
-SPEC = JobSpec(
-    job=payment_queue_drain_job,
-    config=QueueDrainConfig,
-    config_op="drain_payment_queue",
+SPEC = dataclasses.replace(
+    _BUILT,
     assets=[payments, payment_status],
     asset_checks=[no_payment_stuck_in_processing, dead_letter_queue_size],
     sensors=build_sensors,
     asset_jobs=[payment_status_observation_job],
-    resources=payment_resources,
 )

@@ -8,10 +8,12 @@ the object names migrations 0001, 0002 and 0006 gave the payments' indexes, trig
 from __future__ import annotations
 
 from batch_assets.queue.declaration import Backoff, QueueDeclaration, handler_factory
+from batch_assets.queue.executor import Refusal
 from batch_assets.queue.handler import Handler
 from batch_assets.queue.settings import QueueSettings
 from batch_assets.queue.spec import QueueSpec
 from batch_assets.reference.payments.handler import default_handler, plugin_spec_from_environment
+from batch_assets.reference.payments.queue import refuse_payment
 from batch_assets.reference.payments.store import PAYMENTS_SPEC
 from batch_assets.settings import load_settings
 
@@ -28,6 +30,10 @@ class PaymentsQueue(QueueDeclaration):
 
     def spec(self) -> QueueSpec:
         return PAYMENTS_SPEC
+
+    def refusal(self) -> Refusal | None:
+        """An amount the limits service cannot be asked about is FAILED without a call."""
+        return refuse_payment
 
 
 PAYMENTS_QUEUE = PaymentsQueue(

@@ -21,6 +21,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from batch_assets.errors import ConfigError
+from batch_assets.plugins import load_function
 from batch_assets.queue.claims import Claim
 from batch_assets.queue.handler import (  # noqa: F401  (the payments' handlers are queue handlers)
     AsyncHandler,
@@ -30,7 +31,6 @@ from batch_assets.queue.handler import (  # noqa: F401  (the payments' handlers 
     Outcome,
     OutcomeKind,
     SyncHandler,
-    load_function,
 )
 from batch_assets.reference.payments.http11 import HttpError, PostClient
 

@@ -1,0 +1,31 @@
+"""The reference project as a code location: its jobs, its queue and its migrations, beside the library's relay and
+retention and the declarations under BATCH_ASSETS_DEFS_DIR."""
+
+from __future__ import annotations
+
+from batch_assets.orchestration.components.loader import load_declarations
+from batch_assets.orchestration.defaults import REPOSITORY
+from batch_assets.orchestration.project import Project
+
+JOB_MODULES: dict[str, tuple[str, ...]] = {
+    "batch_assets.reference.customer_status.dagster": (
+        "customer_status_sweep_job", "customer_status_sweep_celery_job", "customer_status_asset_job"),
+    "batch_assets.reference.subscriptions.dagster": ("subscription_expiry_job",),
+    "batch_assets.reference.payments.dagster": ("payment_queue_drain_job", "payment_status_observation_job"),
+    "batch_assets.orchestration.outbox_job": ("outbox_relay_job",),
+    "batch_assets.orchestration.retention_job": ("retention_job",),
+}
+"""Each job's module (its `SPEC`) and the job names that spec answers for: the CLI launching one job imports that
+job's module only (start-up), the code location all of them."""
+
+
+def reference_project() -> Project:
+    return Project(
+        name="batch_assets", module="batch_assets.definitions", attribute="defs", job_modules=JOB_MODULES,
+        queue_targets=("batch_assets.reference.payments.declaration:PAYMENTS_QUEUE",),
+        defaults=REPOSITORY, declarations=load_declarations,
+    )
+
+
+PROJECT = reference_project()
+"""This repository's code location (`batch_assets.definitions` loads it)."""
