@@ -19,10 +19,10 @@ from batch_assets import run_history
 from batch_assets.definitions import defs as load_defs
 from batch_assets.reference.customer_status.crypto import DobCipher
 from batch_assets.reference.customer_status.dagster import SweepConfig, sweep_run_config
-from batch_assets.reference.customer_status.sensor import RULES_KEY_TAG, RulesSensorState
 from batch_assets.reference.customer_status.rules import Rules
 from batch_assets.reference.customer_status.rules_store import set_rules
 from batch_assets.reference.customer_status.seed import seed_customers
+from batch_assets.reference.customer_status.sensor import RULES_KEY_TAG, RulesSensorState
 from batch_assets.settings import Settings
 
 pytestmark = [pytest.mark.dagster, pytest.mark.integration]

@@ -11,9 +11,9 @@ from helpers import AlertWebhook, sensor_resources
 
 from batch_assets.definitions import defs as load_defs
 from batch_assets.orchestration.code_location import get_job
-from batch_assets.reference.customer_status.sensor import RulesSensorState
 from batch_assets.reference.customer_status.rules import Rules
 from batch_assets.reference.customer_status.rules_store import set_rules
+from batch_assets.reference.customer_status.sensor import RulesSensorState
 from batch_assets.reference.payments.dagster import QUEUE_DRAIN_INTERVAL_S, payment_queue_drain_job
 from batch_assets.settings import Settings
 
