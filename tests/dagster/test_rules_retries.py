@@ -12,6 +12,7 @@ from helpers import AlertWebhook, sensor_resources, wait_for
 
 from batch_assets.definitions import defs as load_defs
 from batch_assets.reference.customer_status import dagster as cs
+from batch_assets.reference.customer_status import sensor as rules_sensor
 from batch_assets.reference.customer_status.rules import Rules
 from batch_assets.reference.customer_status.rules_store import set_rules
 from batch_assets.settings import Settings
@@ -68,7 +69,7 @@ def test_failed_attempts_are_retried_with_a_growing_delay_and_alerted_once(
     dagster_env: Settings, db_url: str, engine: sa.Engine, alerts: list[dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After a failed attempt the next waits the base delay, after two it waits twice that; one alert in all."""
-    monkeypatch.setattr(cs, "RULES_RETRY_BASE_S", 2.0)
+    monkeypatch.setattr(rules_sensor, "RULES_RETRY_BASE_S", 2.0)
     with dg.instance_for_test() as instance:
         cursor = _tick(instance, None, db_url).cursor
         rules = Rules.parse("MINOR=0,ADULT=21,SENIOR=67")
@@ -91,7 +92,7 @@ def test_failed_attempts_are_retried_with_a_growing_delay_and_alerted_once(
 
         waiting = _tick(instance, cursor, db_url)
         assert waiting.run_requests == [] and "attempt 3" in (waiting.skip_message or "")
-        assert (cs.retry_delay_s(1), cs.retry_delay_s(2), cs.retry_delay_s(3)) == (2.0, 4.0, 8.0)
+        assert (rules_sensor.retry_delay_s(1), rules_sensor.retry_delay_s(2), rules_sensor.retry_delay_s(3)) == (2.0, 4.0, 8.0)
         cursor = waiting.cursor or cursor
         third = wait_for(lambda: _tick(instance, cursor, db_url).run_requests, timeout=10, what="attempt 3")
         second_wait = time.monotonic() - failed_at

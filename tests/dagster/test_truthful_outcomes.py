@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.orchestration.launch import StepOutcomes, launch_job, reconcile
-from batch_assets.reference.customer_status import job as customer_status_job
+from batch_assets.orchestration.sweep_job import ops as sweep_ops
 from batch_assets.reference.customer_status.dagster import SweepConfig
 from batch_assets.settings import Settings
 
@@ -23,14 +23,14 @@ def test_a_range_that_crashed_makes_the_run_failure_and_names_the_range(
     dagster_env: Settings, engine: sa.Engine, seeded: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One of three ranges raises (recording nothing): FAILURE, resumable, the range named, the run id kept."""
-    real = customer_status_job.run_customer_status_sweep
+    real = sweep_ops.run_sweep
 
     def crash_in_the_middle_range(*args, **kwargs):
         if str(kwargs["cursor_range"].lo).startswith("55555555"):
             raise RuntimeError("simulated crash of one range")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(customer_status_job, "run_customer_status_sweep", crash_in_the_middle_range)
+    monkeypatch.setattr(sweep_ops, "run_sweep", crash_in_the_middle_range)
     result = launch_job(
         "customer_status_sweep_job", SweepConfig(mode="full", run_date="2025-06-01", ranges=3, page_size=200),
         settings=dagster_env,
@@ -75,7 +75,7 @@ def test_a_database_gone_after_the_ranges_still_reports_the_run_with_its_id(
     dagster_env: Settings, engine: sa.Engine, admin_engine: sa.Engine, seeded: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The database refuses connections once the range ran: FAILURE with the run id, never an unhandled error."""
-    real = customer_status_job.run_customer_status_sweep
+    real = sweep_ops.run_sweep
     db = engine.url.database
 
     def sweep_then_database_gone(*args, **kwargs):
@@ -86,7 +86,7 @@ def test_a_database_gone_after_the_ranges_still_reports_the_run_with_its_id(
                          {"db": db})
         return result
 
-    monkeypatch.setattr(customer_status_job, "run_customer_status_sweep", sweep_then_database_gone)
+    monkeypatch.setattr(sweep_ops, "run_sweep", sweep_then_database_gone)
     try:
         result = launch_job("customer_status_sweep_job", SweepConfig(mode="delta", run_date="2025-06-01"),
                             settings=dagster_env)

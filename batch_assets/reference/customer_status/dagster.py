@@ -17,7 +17,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from batch_assets.engine.definition import Sweep
-from batch_assets.engine.ranges import even_split
+from batch_assets.engine.ranges import CursorRange, even_split
 from batch_assets.orchestration.celery import celery_on_redis_executor
 from batch_assets.orchestration.metadata import counts_table, observable_table, records_table
 from batch_assets.orchestration.resources import DatabaseResource
@@ -41,6 +41,12 @@ from batch_assets.reference.customer_status.sweep import CustomerStatusSweep
 GROUP = "customer_status"
 
 
+def split_key_space(count: int) -> list[CursorRange]:
+    """`count` contiguous inclusive UUID ranges of equal width covering the whole key space: customer ids are random
+    UUIDs, so equal widths hold about equal rows, and the range keys of existing checkpoints stay the same."""
+    return even_split("uuid", count)
+
+
 def prepare(ctx: PrepareContext) -> Prepared:
     """The key (a missing or malformed one stops the run before any read) and the rules in force."""
     cipher = ctx.resources.encryption.cipher()
@@ -54,9 +60,7 @@ def prepare(ctx: PrepareContext) -> Prepared:
                 previous = settled_rules(conn)
         return CustomerStatusSweep(mode, cipher=cipher, run_date=run_date, rules=rules, previous_rules=previous)
 
-    # Customer ids are random UUIDs: ranges of equal width hold about equal rows, and the range keys of existing
-    # checkpoints stay the same.
-    return Prepared(definition=definition, plan_ranges=lambda conn, count: even_split("uuid", count),
+    return Prepared(definition=definition, plan_ranges=lambda conn, count: split_key_space(count),
                     fingerprint=rules.fingerprint, describe=f"rules v{version} ({rules.fingerprint})")
 
 
