@@ -1,13 +1,14 @@
 """Is a bench report complete and consistent? Never: was it fast?
 
-    python -m batch_assets.bench.check REPORT.json [--allow-missing queue] [--readme README.md]
+    python -m batch_assets.bench.check REPORT.json [--allow-missing queue] [--page docs/bench/index.md]
 
 Checks that every section is there, that the counts agree with each other and
 with the sizes asked for (a first computation changes every row, a second run
 writes nothing, the config-change pre-check accounts for every row it did not
 decrypt, ...), that every explained query uses an index, that the markdown
 table and the charts beside the report were made from it, and, with
---readme, that the README shows the same tables. Speeds are only required to
+--page, that the benchmarks page shows the same tables between its markers
+(`--readme` is the same option, by its former name). Speeds are only required to
 be positive numbers. Exit 0 when all hold, 1 with one line per problem, 2 on
 bad usage.
 
@@ -441,14 +442,14 @@ def check_outputs(report: dict[str, Any], directory: Path) -> list[str]:
     return c.problems
 
 
-def check_readme(report: dict[str, Any], readme: Path) -> list[str]:
-    """The README shows the report's tables, between its markers."""
-    shown = render.readme_tables(readme)
+def check_page(report: dict[str, Any], page: Path) -> list[str]:
+    """The docs page shows the report's tables, between its markers."""
+    shown = render.page_tables(page)
     if shown is None:
-        return [f"{readme} has no bench tables between {render.README_BEGIN!r} and {render.README_END!r}"]
+        return [f"{page} has no bench tables between {render.TABLES_BEGIN!r} and {render.TABLES_END!r}"]
     if shown != render.tables(report):
-        return [f"{readme} does not show this report's tables (run: batch-assets bench --render REPORT "
-                f"--readme {readme})"]
+        return [f"{page} does not show this report's tables (run: batch-assets bench --render REPORT "
+                f"--output-dir {page.parent} --readme {page})"]
     return []
 
 
@@ -457,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("report", type=Path)
     parser.add_argument("--allow-missing", action="append", default=[], choices=OPTIONAL_SECTIONS,
                         help="a section that may be 'not measured' (only: queue)")
-    parser.add_argument("--readme", type=Path, default=None, help="also check this README shows the tables")
+    parser.add_argument("--page", "--readme", dest="page", type=Path, default=None,
+                        help="also check that this docs page (docs/bench/index.md) shows the tables")
     args = parser.parse_args(argv)
     try:
         report = json.loads(args.report.read_text())
@@ -471,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         problems.append(f"{args.report} is not the latest report of its folder ({latest}): its table and charts "
                         "cannot be checked")
-    if args.readme is not None:
-        problems += check_readme(report, args.readme)
+    if args.page is not None:
+        problems += check_page(report, args.page)
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:

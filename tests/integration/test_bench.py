@@ -196,8 +196,8 @@ def _fake_run_queue_bench(calls: list[dict[str, Any]]) -> Callable[..., dict[str
 
 
 @pytest.mark.slow
-def test_queue_section_is_rendered_into_table_chart_and_readme(bench_run: dict[str, Any], tmp_path: Path) -> None:
-    """run_queue_bench's figures land in the report, the markdown table, the queue chart and the README."""
+def test_queue_section_is_rendered_into_table_chart_and_page(bench_run: dict[str, Any], tmp_path: Path) -> None:
+    """run_queue_bench's figures land in the report, the markdown table, the queue chart and the benchmarks page."""
     calls: list[dict[str, Any]] = []
     said: list[str] = []
     section = queue.queue_section("postgresql+psycopg://bench/db", payments=2000, quick=True, progress=said.append,
@@ -206,16 +206,16 @@ def test_queue_section_is_rendered_into_table_chart_and_readme(bench_run: dict[s
                       "progress": said.append}]
     report = dict(bench_run["report"], queue=section)
     assert check.check_report(report) == []
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{render.README_BEGIN}\nold figures\n{render.README_END}\n\ntail\n")
+    page = tmp_path / "index.md"
+    page.write_text(f"# x\n\n{render.TABLES_BEGIN}\nold figures\n{render.TABLES_END}\n\ntail\n")
     unmeasured = (bench_run["dir"] / "queue.png").read_bytes()
-    render.write_outputs(report, tmp_path / "out", readme=readme)
+    render.write_outputs(report, tmp_path / "out", readme=page)
     table = (tmp_path / "out" / "latest.md").read_text()
     assert "4,200 payments/s (0.70× the floor)" in table
     assert "p50 3.5 ms · p99 18.2 ms" in table and "5.1k–6.9k jobs/s" in table
     assert "1,100 payments/s (target 1,024 payments/s)" in table
     assert (tmp_path / "out" / "queue.png").read_bytes() != unmeasured
-    assert check.check_readme(report, readme) == [] and readme.read_text().endswith("\n\ntail\n")
+    assert check.check_page(report, page) == [] and page.read_text().endswith("\n\ntail\n")
     assert check.check_outputs(report, tmp_path / "out") == []
 
 
