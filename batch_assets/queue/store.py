@@ -68,7 +68,9 @@ class QueueStore:
         if not types:
             from batch_assets.db.migrate import pending_migrations, pending_text
 
-            pending = pending_migrations(conn)  # the product's own table (payments) is made by `db migrate`
+            # A queue's table is the project's own; a database where even the library's set is pending has not
+            # seen `db migrate` at all, which is then the likelier cause.
+            pending = pending_migrations(conn, ())
             raise ConfigError(f"{where}table {spec.table} does not exist"
                               + (f"; {pending_text(pending)}" if pending else ""), field="table")
         missing = [c for c in spec.required_columns if c not in types]
