@@ -3,6 +3,8 @@ its declared schema, and the library's alone touching nothing of a team's."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -236,3 +238,36 @@ def test_db_migrate_names_what_it_applied(cli_env: dict[str, str], empty_db_url:
     again = ok(env, "db", "migrate")
     assert again["applied_names"] == again["applied"] == []
     assert again["schema_versions"] == expected
+
+
+def test_db_migrate_in_a_teams_project_makes_only_the_librarys_objects(
+    cli_env: dict[str, str], empty_db_url: str, tmp_path: Path
+) -> None:
+    """`batch-assets db migrate` run in a team's own Dagster project (its pyproject.toml names its code location),
+    on a database with tables of the team's named customers, payments and outbox_events: only the library's set is
+    applied, and every object and row of the team's is as it was."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "acceptance"))
+    from _cli import cli_command
+
+    (tmp_path / "pyproject.toml").write_text('[tool.dagster]\nmodule_name = "team_defs"\n')
+    (tmp_path / "team_defs.py").write_text("import dagster as dg\n\ndefs = dg.Definitions()\n")
+    engine = create_engine(empty_db_url, pool_size=2)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(TEAM_TABLES)
+        with engine.connect() as conn:
+            objects, rows = catalog(conn), contents(conn)
+        env = {**cli_env, "BATCH_ASSETS_DATABASE_URL": empty_db_url}
+        result = subprocess.run(cli_command("db", "migrate"), env=env, cwd=tmp_path, capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert summary["applied"] == _labels(LIBRARY) and summary["sets"] == {"batch_assets": [1]}, summary
+        with engine.connect() as conn:
+            after, after_rows = catalog(conn), contents(conn)
+        for section, found in after.items():
+            assert {name: d for name, d in found.items() if name in objects[section]} == objects[section], section
+        assert {name: r for name, r in after_rows.items() if name in rows} == rows
+        assert all(name.startswith("ba_") for name in set(after["relations"]) - set(objects["relations"]))
+    finally:
+        engine.dispose()
