@@ -30,10 +30,11 @@ def run_demo(
     err: Callable[[str], None],
 ) -> int:
     from batch_assets.db.engine import connected_engine, describe_target
-    from batch_assets.db.migrate import labels, migrate
+    from batch_assets.db.migrate import LIBRARY, labels, migrate
     from batch_assets.orchestration.outbox_job import OutboxRelayConfig
     from batch_assets.reference.customer_status.crypto import cipher_from_settings
     from batch_assets.reference.customer_status.dagster import SweepConfig
+    from batch_assets.reference.migrations import REFERENCE
     from batch_assets.reference.payments.dagster import QueueDrainConfig
     from batch_assets.reference.subscriptions.dagster import ExpiryConfig
     from batch_assets.run_dates import today_in
@@ -42,7 +43,7 @@ def run_demo(
     cipher = cipher_from_settings(settings)
     engine = connected_engine(settings)
     err(f"database: {describe_target(engine.url)} ({'embedded' if settings.embedded else 'configured'})")
-    applied = migrate(engine)
+    applied = migrate(engine, (LIBRARY, REFERENCE))
     err(f"migrations applied: {labels(applied)}")
 
     seeded: dict[str, int] = {}

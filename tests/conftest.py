@@ -28,9 +28,10 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from batch_assets.db.engine import create_engine
-from batch_assets.db.migrate import migrate
+from batch_assets.db.migrate import LIBRARY, migrate
 from batch_assets.locking.owner import make_owner, parse_owner, provably_dead
 from batch_assets.reference.customer_status.crypto import DobCipher, generate_key_text
+from batch_assets.reference.migrations import REFERENCE
 from batch_assets.settings import TEST_DATABASE_URL_VAR, environ_without_product
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,12 +150,13 @@ def _drop_db(admin: sa.Engine, name: str) -> None:
 
 @pytest.fixture(scope="session")
 def template_db(admin_engine: sa.Engine, server_url: str) -> Iterator[str]:
-    """A database with every migration applied, used as the TEMPLATE of each test database."""
+    """A database with every migration of this repository's code location applied (the library's set and the
+    reference project's), used as the TEMPLATE of each test database."""
     name = f"ba_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     _create_db(admin_engine, name)
     engine = create_engine(_with_db(server_url, name), pool_size=1)
     try:
-        migrate(engine)
+        migrate(engine, (LIBRARY, REFERENCE))
     finally:
         engine.dispose()
     yield name

@@ -48,8 +48,9 @@ def drain_section(base_url: str, cipher: Any, run_date: date, *, rows: int, work
     from batch_assets.bench.outbox_relay import Drain, drain_broker
     from batch_assets.bench.sweeps import run_sweep
     from batch_assets.db.engine import create_engine
-    from batch_assets.db.migrate import migrate
+    from batch_assets.db.migrate import LIBRARY, migrate
     from batch_assets.reference.customer_status.seed import seed_customers
+    from batch_assets.reference.migrations import REFERENCE
 
     broker = drain_broker()
     if broker is None:
@@ -61,7 +62,7 @@ def drain_section(base_url: str, cipher: Any, run_date: date, *, rows: int, work
     with scratch.scratch_database(base_url, scratch.scratch_name()) as db_url:
         engine = create_engine(db_url, pool_size=workers + 8)
         try:
-            migrate(engine)
+            migrate(engine, (LIBRARY, REFERENCE))
             seed_customers(engine, cipher, rows, run_date=run_date, seed=3)
             scratch.vacuum(engine)
             with Drain(engine, kind, url) as drain:

@@ -131,9 +131,10 @@ def _postgres_version(engine: sa.Engine) -> str:
 def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], None]) -> dict[str, Any]:
     """Run every measurement and return the report (nothing is written to disk here)."""
     from batch_assets.db.engine import create_engine, resolve_database_url
-    from batch_assets.db.migrate import migrate
+    from batch_assets.db.migrate import LIBRARY, migrate
     from batch_assets.reference.customer_status.crypto import DobCipher, decode_key, generate_key_text
     from batch_assets.reference.customer_status.seed import seed_customers
+    from batch_assets.reference.migrations import REFERENCE
     from batch_assets.run_dates import today_in
 
     run_date = options.run_date or today_in(settings.timezone)
@@ -146,7 +147,7 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
     with scratch.scratch_database(base_url, scratch.scratch_name()) as url:
         engine = create_engine(url, pool_size=12)
         report["machine"]["postgres"] = _postgres_version(engine)
-        migrate(engine)
+        migrate(engine, (LIBRARY, REFERENCE))
         say.next(f"seeding {options.rows:,} customers")
         seeded = seed_customers(engine, cipher, options.rows, run_date=run_date, seed=1)
         report["seed_s"] = round(seeded.duration_s, 2)
@@ -183,7 +184,7 @@ def measure(options: BenchOptions, settings: Settings, *, err: Callable[[str], N
     if large is not None:
         with scratch.scratch_database(base_url, scratch.scratch_name()) as small_url:
             small_engine = create_engine(small_url, pool_size=4)
-            migrate(small_engine)
+            migrate(small_engine, (LIBRARY, REFERENCE))
             seed_customers(small_engine, cipher, options.small_rows, run_date=run_date, seed=2)
             small_engine.dispose()
             small = {"rows": options.small_rows, **memory.measure_rss(small_url, key_text, run_date)}

@@ -15,26 +15,34 @@ from batch_assets.settings import Settings
 
 
 def cmd_db_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from batch_assets.db.migrate import applied_versions, migrate
+    from batch_assets.db.migrate import applied_migrations, applied_versions, migrate
     from batch_assets.orchestration.project import current, install_queues
 
     project = current()
     applied: list[Any] = []
     queues: list[str] = []
-    versions: list[int] = []
+    recorded: list[Any] = []
+    sets: dict[str, list[int]] = {}
     for engine, declarations in databases(project, settings):
+        # The code location's own database gets its migration sets (the library's first, then the reference
+        # project's in this repository); a database only declarations name gets the library's own objects.
+        migration_sets = project.migrations if None in declarations else ()
         # Every declared queue's table holds the queue's columns, or exit 2 naming the file and the column, before
         # anything is written; then the migrations, then each queue's trigger and indexes.
         project.checked_queues(engine, only=declarations - {None})
-        done = migrate(engine)
+        done = migrate(engine, migration_sets)
         for m in done:
             err(f"applied migration {m.label}")
         applied.extend(done)
         stores = project.checked_queues(engine, only=declarations)
         queues.extend(install_queues(engine, stores))
-        versions = applied_versions(engine)
-    emit({"status": "SUCCESS", "applied": [m.version for m in applied], "applied_names": [m.label for m in applied],
-          "schema_versions": versions, "queues": queues})
+        with engine.connect() as conn:
+            recorded = applied_migrations(conn, migration_sets)
+        sets = applied_versions(engine, migration_sets)
+    # applied / applied_names: what this call applied; schema_versions: every file the database has had, both as
+    # labels (`reference/0001_tables`); sets: each set's versions.
+    emit({"status": "SUCCESS", "applied": [m.label for m in applied], "applied_names": [m.label for m in applied],
+          "schema_versions": [m.label for m in recorded], "sets": sets, "queues": queues})
     return EXIT_OK
 
 

@@ -110,12 +110,14 @@ def unmigrated(exc: BaseException) -> ConfigError | None:
     migrations pending (`db migrate` not run): it names them and the command. None for anything else."""
     from batch_assets.db.engine import one_off_engine
     from batch_assets.db.migrate import is_undefined_table, require_migrated
+    from batch_assets.orchestration.project import current
 
     if not is_undefined_table(exc):
         return None
     try:
-        with one_off_engine(choose_project(load_settings())) as engine:
-            require_migrated(engine)
+        settings = choose_project(load_settings())
+        with one_off_engine(settings) as engine:
+            require_migrated(engine, current().migrations)
     except ConfigError as refusal:
         return refusal
     except Exception:  # the database is gone now: the original error stands

@@ -16,7 +16,7 @@ key (`idempotency_key`), so a consumer drops the duplicate. A failed send gives 
 once, so the next pass retries the batch.
 
 `follow_outbox` keeps relaying: it drains, then waits for the `batch_assets_outbox` notification
-(sent by a statement trigger on every insert into outbox_events, migration 0004) or a poll
+(sent by a statement trigger on every insert into outbox_events) or a poll
 interval, so an event is relayed well under a second after its page commits. Sink failures back
 off exponentially and never end the follow loop; a stop event does.
 """

@@ -26,7 +26,7 @@ from batch_assets.plugins import load_function
 from batch_assets.queue.executor import Refusal
 from batch_assets.queue.handler import Handler, KwargsHandler
 from batch_assets.queue.settings import MAX_CONCURRENCY, QueueSettings
-from batch_assets.queue.spec import NAME_RE, QueueSpec, check_identifier
+from batch_assets.queue.spec import NAME_RE, TOKEN_COLUMN, QueueSpec, check_identifier
 from batch_assets.queue.store import QueueStore
 
 FACTORY_MARK = "batch_assets_queue_handler_factory"
@@ -135,7 +135,7 @@ class QueueDeclaration(BaseModel):
 
     def spec(self) -> QueueSpec:
         return QueueSpec(name=self.name, table=self.table, key=self.key, columns=tuple(self.columns),
-                         priority=self.priority)
+                         priority=self.priority, token_column=TOKEN_COLUMN)
 
     def store(self) -> QueueStore:
         """The queue's store (key type uuid until `checked_store` read the table)."""

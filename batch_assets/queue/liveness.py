@@ -6,7 +6,7 @@ for a lane, in flight, or with its result waiting in the buffer), in one fenced 
 claims, and the lease of its in-flight slots. So the lease can be short (30 s): a worker that died
 stops renewing and its claims lapse within the lease, when another worker takes them; a live worker
 with a call slower than the lease keeps its rows. The renewal is fenced like every write after a
-claim (`status = 'PROCESSING' AND claim_token = <token>`): it never revives a row that was
+claim (`status = 'PROCESSING' AND <token column> = <token>`): it never revives a row that was
 finished, given back or claimed again by another worker.
 
 A renewal that does not get through (the database is away) is tried again by the side connection

@@ -16,9 +16,15 @@ from batch_assets.errors import ConfigError
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,40}", re.ASCII)
 IDENT_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}", re.ASCII)
 QUEUE_COLUMNS = ("status", "attempts", "next_attempt_at", "claimed_until", "last_error", "processed_at")
-"""The columns every queue table holds (as payments, CONTRACT §3); `claim_token` is the product's own (added)."""
+"""The columns every queue table holds (as payments); the claim token's column is the product's own (added)."""
 KEY_TYPES = ("uuid", "bigint", "integer")
 PRIORITY_TYPES = ("smallint", "integer")
+TOKEN_COLUMN = "ba_claim_token"
+"""The claim token's column `db migrate` adds to a declared queue's table, named so that it is never one of the
+table's own columns."""
+LEGACY_TOKEN_COLUMN = "claim_token"
+"""The payments table's own token column, and the name releases before `ba_claim_token` gave a declared queue's:
+a table they installed the queue on keeps it (`QueueStore.checked`)."""
 RANK_FUNCTION = "ba_queue_claim_rank"
 """The claim rank of a declared queue with a priority column (one level gained per 60 s due), as payment_claim_rank."""
 
@@ -52,6 +58,7 @@ class QueueSpec:
     prefix: str = ""  # names of the trigger function, triggers and indexes; default ba_q_<name>
     channel: str = ""  # the wake-up channel; default batch_assets_queue_<name>_due
     rank_function: str = RANK_FUNCTION
+    token_column: str = LEGACY_TOKEN_COLUMN  # payments'; a declared queue's is TOKEN_COLUMN (QueueDeclaration)
     timestamps: tuple[str, ...] = field(default=())  # extra timestamptz columns listed by `dlq list` (created_at)
 
     def __post_init__(self) -> None:
@@ -65,7 +72,8 @@ class QueueSpec:
             check_identifier(column, "columns")
         if len(set(self.columns)) != len(self.columns):
             raise ConfigError(f"names a column twice: {list(self.columns)}", field="columns")
-        clash = sorted(set(self.columns) & (set(QUEUE_COLUMNS) | {"claim_token"}))
+        check_identifier(self.token_column, "token_column")
+        clash = sorted(set(self.columns) & (set(QUEUE_COLUMNS) | {self.token_column}))
         if clash:
             raise ConfigError(f"may not name the queue's own columns {clash}", field="columns")
         if self.priority is not None:
@@ -80,8 +88,11 @@ class QueueSpec:
     def with_key_type(self, key_type: str) -> QueueSpec:
         return replace(self, key_type=key_type)
 
+    def with_token_column(self, column: str) -> QueueSpec:
+        return replace(self, token_column=column)
+
     @property
     def required_columns(self) -> tuple[str, ...]:
-        """Every column the queue reads or writes on the table (its own `claim_token` aside)."""
+        """Every column the queue reads or writes on the table (its own token column aside)."""
         own = (self.key, *self.columns, *QUEUE_COLUMNS, *((self.priority,) if self.priority else ()), *self.timestamps)
         return tuple(dict.fromkeys(own))

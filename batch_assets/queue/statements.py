@@ -1,6 +1,6 @@
 """Every SQL text of one queue, written from its `QueueSpec`. psycopg `%(name)s` parameters only.
 
-Fencing: every write after a claim matches `status = 'PROCESSING' AND claim_token = <token>`. A
+Fencing: every write after a claim matches `status = 'PROCESSING' AND <token column> = <token>`. A
 worker whose lease passed and whose row was claimed again by another worker holds a stale token, so
 its write matches 0 rows and cannot overwrite the new owner's result. A row leaves PROCESSING with
 its first successful fenced write, so DONE is set at most once.
@@ -52,6 +52,9 @@ SELECT a.attname, format_type(a.atttypid, a.atttypmod)
  WHERE a.attrelid = to_regclass(%(table)s) AND a.attnum > 0 AND NOT a.attisdropped
 """
 
+# TRIGGER_EXISTS — whether the table has a trigger of that name.   %(table)s text [schema.]table · %(trigger)s text
+TRIGGER_EXISTS = "SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass(%(table)s) AND tgname = %(trigger)s"
+
 
 class Statements:
     """The statements of one queue (see each attribute's comment for its parameters and result)."""
@@ -59,6 +62,7 @@ class Statements:
     def __init__(self, spec: QueueSpec) -> None:
         self.spec = spec
         t, k, kt = quote(spec.table), quote(spec.key), spec.key_type
+        tok = quote(spec.token_column)
         cols = ", ".join(f"p.{quote(c)}" for c in spec.columns)
         rank = f"{spec.rank_function}(next_attempt_at, {quote(spec.priority)})" if spec.priority else "next_attempt_at"
         self.rank = rank
@@ -94,7 +98,7 @@ WITH due AS MATERIALIZED (
                           FOR UPDATE SKIP LOCKED) AS fresh
                UNION ALL
                SELECT stale.id, stale.rank, stale.lapsed
-                 FROM (SELECT {k} AS id, claimed_until AS rank, claim_token IS NOT NULL AS lapsed
+                 FROM (SELECT {k} AS id, claimed_until AS rank, {tok} IS NOT NULL AS lapsed
                          FROM {t}
                         WHERE status = 'PROCESSING' AND claimed_until < now()
                         ORDER BY claimed_until
@@ -115,7 +119,7 @@ UPDATE {t} AS p
    SET status        = 'PROCESSING',
        attempts      = least(greatest(p.attempts, 0), 2147483646) + 1,
        claimed_until = now() + make_interval(secs => %(lease_s)s),
-       claim_token   = %(token)s
+       {tok} = %(token)s
   FROM due
  WHERE p.{k} = ANY(ARRAY(SELECT id FROM due)) AND p.{k} = due.id
 RETURNING p.{k}, p.attempts, due.lapsed, {cols}"""  # noqa: S608
@@ -124,7 +128,7 @@ RETURNING p.{k}, p.attempts, due.lapsed, {cols}"""  # noqa: S608
         # claim_with_slots — `claim`, and call slots of a queue with rate_limit_per_s for the rows it claimed,
         # in the same statement (ratelimit.py: no round trip of their own when the limit does not bind).
         #   %(n)s %(lease_s)s %(token)s as claim · %(queue)s text · %(most)s int slots at most
-        #   %(rate)s float8 calls/s · %(horizon_s)s float8 (the parameters of ba_rate_take, migration 0007)
+        #   %(rate)s float8 calls/s · %(horizon_s)s float8 (the parameters of ba_rate_take, db/migrations)
         # Returns what `claim` returns, each row followed by granted (int: slots reserved, up to the rows
         # claimed and %(most)s, fewer or none when the horizon is full) and first_in_s (float8: seconds from
         # the server's now until the first of them, the others 1/rate apart). No row claimed: no slot taken.
@@ -143,7 +147,7 @@ SELECT claimed.*, slots.granted, slots.first_in_s FROM claimed CROSS JOIN slots
         #   is not ours.
         self.claimed_by_token = (
             f"SELECT p.{k}, p.attempts, false, {cols} FROM {t} AS p"  # noqa: S608
-            " WHERE p.status = 'PROCESSING' AND p.claim_token = %(token)s"
+            f" WHERE p.status = 'PROCESSING' AND p.{tok} = %(token)s"
         )
 
         # write_results — a batch of results in one statement, each fenced by its claim token.
@@ -161,13 +165,13 @@ UPDATE {t} AS p
        next_attempt_at = CASE WHEN r.status = 'NEW' THEN now() + make_interval(secs => r.delay_s)
                               ELSE p.next_attempt_at END,
        claimed_until   = NULL,
-       claim_token     = CASE WHEN r.status = 'NEW' THEN NULL ELSE p.claim_token END,
+       {tok} = CASE WHEN r.status = 'NEW' THEN NULL ELSE p.{tok} END,
        last_error      = coalesce(r.error, p.last_error),
        processed_at    = CASE WHEN r.status = 'NEW' THEN p.processed_at ELSE now() END
   FROM unnest(%(ids)b::{kt}[], %(tokens)b::uuid[], %(statuses)b::text[], %(undo)b::int[],
               %(delays)b::float8[], %(errors)b::text[])
        WITH ORDINALITY AS r(id, token, status, undo, delay_s, error, ord)
- WHERE p.{k} = ANY(%(ids)b::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
+ WHERE p.{k} = ANY(%(ids)b::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.{tok} = r.token
 RETURNING r.ord
 """  # noqa: S608
 
@@ -180,7 +184,7 @@ RETURNING r.ord
 UPDATE {t} AS p
    SET claimed_until = now() + make_interval(secs => %(lease_s)s)
   FROM unnest(%(keys)b::{kt}[], %(tokens)b::uuid[]) AS r(id, token)
- WHERE p.{k} = ANY(%(keys)b::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.claim_token = r.token
+ WHERE p.{k} = ANY(%(keys)b::{kt}[]) AND p.{k} = r.id AND p.status = 'PROCESSING' AND p.{tok} = r.token
 RETURNING p.{k}
 """  # noqa: S608
 
@@ -246,7 +250,7 @@ SELECT status,
         # dlq_replay_ids — FAILED → NEW for %(ids)s (key[]); others are left alone. last_error is kept (why
         # it was dead-lettered) until the next attempt overwrites it.  dlq_replay_batch — the next %(limit)s.
         reset = ("SET status = 'NEW', attempts = 0, next_attempt_at = now(), claimed_until = NULL, "
-                 "claim_token = NULL, processed_at = NULL")
+                 f"{tok} = NULL, processed_at = NULL")
         self.dlq_replay_ids = (f"UPDATE {t} {reset} WHERE {k} = ANY(%(ids)s::{kt}[]) AND status = 'FAILED' "
                                f"RETURNING {k}")
         self.dlq_replay_batch = (
@@ -260,13 +264,13 @@ SELECT status,
     def _install(self, t: str, rank: str) -> list[str]:
         """What `db migrate` installs on the table, each statement safe to run again.
 
-        The product's `claim_token` column (nullable: writers that do not know it keep working); the
-        claim index (claim-rank order of NEW rows), the processing index (leases) and the failed index
-        (DLQ); the wake-up trigger: one notification per statement that makes at least one row due now
+        The product's claim token column (`spec.token_column`, nullable: writers that do not know it keep
+        working); the claim index (claim-rank order of NEW rows), the processing index (leases) and the failed
+        index (DLQ); the wake-up trigger: one notification per statement that makes at least one row due now
         (statement-level, with a transition table, so a COPY of 100k rows sends one).
         """
         p = self.spec.prefix
-        ddl = [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS claim_token uuid NULL"]
+        ddl = [f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {quote(self.spec.token_column)} uuid NULL"]
         if self.spec.priority and self.spec.rank_function == "ba_queue_claim_rank":
             ddl.append(RANK_FUNCTION_DDL)
         ddl += [

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 
 from batch_assets.errors import ConfigError
 from batch_assets.queue.claims import Claim, Result, claims_from_rows, clip, new_token
-from batch_assets.queue.spec import KEY_TYPES, PRIORITY_TYPES, QueueSpec
-from batch_assets.queue.statements import COLUMN_TYPES, QUEUE_STATE, RECORD_STATE, Statements
+from batch_assets.queue.spec import KEY_TYPES, LEGACY_TOKEN_COLUMN, PRIORITY_TYPES, QueueSpec
+from batch_assets.queue.statements import COLUMN_TYPES, QUEUE_STATE, RECORD_STATE, TRIGGER_EXISTS, Statements
 from batch_assets.settings_model import WHOLE_NUMBER_RE
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,9 @@ class QueueStore:
         if not types:
             from batch_assets.db.migrate import pending_migrations, pending_text
 
-            pending = pending_migrations(conn)  # the product's own table (payments) is made by `db migrate`
+            # A queue's table is the project's own; a database where even the library's set is pending has not
+            # seen `db migrate` at all, which is then the likelier cause.
+            pending = pending_migrations(conn, ())
             raise ConfigError(f"{where}table {spec.table} does not exist"
                               + (f"; {pending_text(pending)}" if pending else ""), field="table")
         missing = [c for c in spec.required_columns if c not in types]
@@ -82,10 +84,23 @@ class QueueStore:
         if spec.priority and types[spec.priority] not in PRIORITY_TYPES:
             raise ConfigError(f"{where}priority {spec.table}.{spec.priority} is {types[spec.priority]}; must be "
                               f"{' or '.join(PRIORITY_TYPES)}", field="priority")
-        return self if key_type == spec.key_type else QueueStore(spec.with_key_type(key_type))
+        resolved = spec.with_key_type(key_type)
+        if self._installed_with_legacy_token(conn, types):
+            resolved = resolved.with_token_column(LEGACY_TOKEN_COLUMN)
+        return self if resolved == spec else QueueStore(resolved)
+
+    def _installed_with_legacy_token(self, conn: sa.Connection, types: dict[str, str]) -> bool:
+        """Whether a release that named the token column `claim_token` installed this queue on the table (the
+        column is a uuid and the queue's own wake-up trigger is there): the queue keeps that column then, and
+        its claims in flight stay fenced. A `claim_token` of the table's own is left alone."""
+        spec = self.spec
+        if spec.token_column in types or types.get(LEGACY_TOKEN_COLUMN) != "uuid":
+            return False
+        return bool(conn.exec_driver_sql(TRIGGER_EXISTS, {"table": spec.table,
+                                                          "trigger": f"{spec.prefix}_notify_due_insert"}).scalar())
 
     def install(self, conn: sa.Connection) -> None:
-        """The claim_token column, the claim, processing and failed indexes and the wake-up trigger (idempotent)."""
+        """The token column, the claim, processing and failed indexes and the wake-up trigger (idempotent)."""
         for statement in self.sql.install:
             conn.exec_driver_sql(statement)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from batch_assets.orchestration.components.loader import load_declarations
 from batch_assets.orchestration.defaults import REPOSITORY
 from batch_assets.orchestration.project import Project
+from batch_assets.reference.migrations import REFERENCE
 
 JOB_MODULES: dict[str, tuple[str, ...]] = {
     "batch_assets.reference.customer_status.dagster": (
@@ -23,6 +24,7 @@ def reference_project() -> Project:
     return Project(
         name="batch_assets", module="batch_assets.definitions", attribute="defs", job_modules=JOB_MODULES,
         queue_targets=("batch_assets.reference.payments.declaration:PAYMENTS_QUEUE",),
+        migrations=(REFERENCE,),
         defaults=REPOSITORY, declarations=load_declarations,
     )
 

@@ -107,7 +107,7 @@ def test_migrate_refuses_a_table_lacking_a_column(queue_env: dict[str, str], eng
     assert scalar(engine, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'notifications'::regclass "
                           "AND NOT tgisinternal") == 0
     assert scalar(engine, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'notifications'::regclass "
-                          "AND attname = 'claim_token'") == 0
+                          "AND attname IN ('ba_claim_token', 'claim_token')") == 0
     # The worker refuses it the same way, before anything is claimed.
     result = run_cli(queue_env, "queue", "work", "--queue", "notifications", "--drain")
     assert result.returncode == EXIT_USAGE and "claimed_until" in result.stderr, result.describe()

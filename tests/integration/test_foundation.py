@@ -13,11 +13,12 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.db.engine import normalize_url, resolve_database_url
-from batch_assets.db.migrate import load_migrations
+from batch_assets.db.migrate import LIBRARY
 from batch_assets.errors import ConfigError, DecryptError
 from batch_assets.reference.customer_status.crypto import DobCipher, decode_key, load_key
 from batch_assets.reference.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
 from batch_assets.reference.customer_status.seed import seed_customers
+from batch_assets.reference.migrations import REFERENCE
 from batch_assets.settings import load_settings
 
 RUN_DATE = date(2026, 11, 30)
@@ -146,7 +147,7 @@ def test_cli_migrate_twice_and_seed(cli_env: dict[str, str], empty_db_url: str) 
     env = dict(cli_env, BATCH_ASSETS_DATABASE_URL=empty_db_url)
     first = cli(env, "db", "migrate")
     assert first.returncode == 0, first.stderr
-    assert last_json(first.stdout)["applied"] == [m.version for m in load_migrations()]
+    assert last_json(first.stdout)["applied"] == [m.label for s in (LIBRARY, REFERENCE) for m in s.migrations()]
     second = cli(env, "db", "migrate")
     assert second.returncode == 0 and last_json(second.stdout)["applied"] == []
     seeded = cli(env, "seed", "customers", "--rows", "500", "--seed", "1", "--bad-fraction", "0.1")

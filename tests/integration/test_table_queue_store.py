@@ -93,5 +93,68 @@ def test_a_table_lacking_a_column_is_refused(engine: sa.Engine) -> None:
     assert info.value.field == "last_error"
 
 
+def _columns(engine: sa.Engine, table: str) -> dict[str, str]:
+    with engine.connect() as conn:
+        return {str(name): str(kind) for name, kind in conn.exec_driver_sql(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%(t)s) AND attnum > 0 AND NOT attisdropped", {"t": table})}
+
+
+def _claim_and_finish(engine: sa.Engine, store: QueueStore) -> None:
+    """A claim taken over after its lease passed: the old owner's write is fenced out, the new one's goes in."""
+    _insert(engine, ("a@example.com", 0, 1))
+    [old] = store.claim(engine, 1, lease_s=60)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE notifications SET claimed_until = now() - interval '1 second'")
+    [new] = store.claim(engine, 1, lease_s=60)
+    assert store.write_results(engine, [Result(old, "DONE")]) == []
+    assert len(store.write_results(engine, [Result(new, "DONE")])) == 1
+
+
+def test_a_declared_queue_adds_a_token_column_of_its_own_name(engine: sa.Engine) -> None:
+    """The token column db migrate adds to a declared queue's table is ba_claim_token, and claims are fenced on it."""
+    store = _declared(engine)
+    assert store.spec.token_column == "ba_claim_token"
+    columns = _columns(engine, "notifications")
+    assert columns["ba_claim_token"] == "uuid" and "claim_token" not in columns
+    _claim_and_finish(engine, store)
+
+
+def test_a_claim_token_column_of_the_tables_own_is_left_alone(engine: sa.Engine) -> None:
+    """A table with a `claim_token` of its own (another type, with values): the queue installs and fences on its
+    ba_claim_token, and never writes the table's column."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SCHEMA.read_text())
+        conn.exec_driver_sql("ALTER TABLE notifications ADD COLUMN claim_token text DEFAULT 'theirs'")
+    store = _declared(engine)
+    assert store.spec.token_column == "ba_claim_token"
+    assert _columns(engine, "notifications")["claim_token"] == "text"
+    _claim_and_finish(engine, store)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT array_agg(DISTINCT claim_token) FROM notifications").scalar() == ["theirs"]
+
+
+def test_a_queue_installed_by_an_earlier_release_keeps_its_claim_token(engine: sa.Engine) -> None:
+    """A table an earlier release installed the queue on (its `claim_token` uuid column and the queue's trigger):
+    the queue keeps fencing on that column, so claims in flight across the upgrade stay fenced, and no second
+    token column is added."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(SCHEMA.read_text())
+    declaration = QueueDeclaration(name="notifications", table="notifications", key="id",
+                                   columns=["id", "recipient"], handler="x:y", priority="priority")
+    earlier = QueueStore(declaration.spec().with_token_column("claim_token").with_key_type("bigint"))
+    with engine.begin() as conn:
+        earlier.install(conn)
+    _insert(engine, ("in-flight@example.com", 0, 1))
+    [in_flight] = earlier.claim(engine, 1, lease_s=60)
+
+    store = declaration.checked_store(engine)
+    assert store.spec.token_column == "claim_token"
+    with engine.begin() as conn:
+        store.install(conn)
+    assert "ba_claim_token" not in _columns(engine, "notifications")
+    assert len(store.write_results(engine, [Result(in_flight, "DONE")])) == 1
+
+
 def store_settings():  # noqa: ANN201 — the declaration's defaults
     return QueueDeclaration(name="n", table="t", key="id", columns=["id"], handler="x:y").settings()

@@ -1,10 +1,10 @@
-"""The numbered SQL migrations `db migrate` applies (`NNNN_name.sql`, see batch_assets/db/migrate.py).
+"""The library's migration set (`migrate.LIBRARY`): numbered SQL files (`NNNN_name.sql`, see
+batch_assets/db/migrate.py) that make only the library's own objects, every table and function named `ba_*`.
 
-Numbers only grow and are never reused. A number may be absent; every absent one is listed in
-`migrate.NEVER_SHIPPED` with why, and a test holds the numbering to that list:
+Numbers only grow, start at 0001 and have no gap (a test holds every set to that); a file once released is
+never changed, a change is a new file. Every statement is guarded (IF NOT EXISTS, a catalog check before an
+ALTER), so a file is also correct on a database that already has some of its objects.
 
-* 0003 was never shipped. The files were numbered by hand and the operations migration was written
-  as 0004; there never was a 0003 file, so no database has version 3 in `ba_schema_versions`.
-  It is not filled in afterwards: a new 0003 would run after 0004-0006 on every existing database
-  and before them on a new one, so databases would reach the same version by different orders.
+The previous release had one combined set (files 0001-0009, without 0003), recorded in `ba_schema_versions`;
+this set starts again at 0001 and is recorded in `ba_migrations`. `ba_schema_versions` is left as it was.
 """

@@ -1,6 +1,6 @@
 """`max_in_flight`: at most N handler calls of one queue in flight at once, across every worker.
 
-A semaphore in PostgreSQL (migration 0007): the queue's slots 0..N-1 are rows of `ba_queue_slots`;
+A semaphore in PostgreSQL (db/migrations): the queue's slots 0..N-1 are rows of `ba_queue_slots`;
 a worker takes free ones (`SKIP LOCKED`, so takers never wait on each other) under a lease it renews
 while it holds them, and frees them when its calls are done. A worker that dies holds its slots only
 until their lease passes; then any worker takes them. One slot per call in flight.

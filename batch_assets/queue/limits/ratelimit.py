@@ -1,6 +1,6 @@
 """`rate_limit_per_s`: handler calls per second of one queue, held across every worker process on every host.
 
-The limit lives in PostgreSQL (migration 0007): one row per queue with the next free call slot, as
+The limit lives in PostgreSQL (db/migrations): one row per queue with the next free call slot, as
 the generic cell rate algorithm keeps its theoretical arrival time. `ba_rate_take` reserves, in one
 statement, a run of slots 1/rate apart starting at max(next slot, now) and moves the next slot past
 them; a worker calls at those times. So two calls of a queue are never closer than 1/rate whichever
@@ -51,7 +51,7 @@ at most this much of the rate."""
 # RATE_TAKE — reserve up to %(want)s call slots of %(queue)s (at least %(min)s of them, or none).
 #   %(queue)s text · %(want)s int · %(min)s int · %(rate)s float8 (calls/s) · %(horizon_s)s float8
 # Returns granted (int) and first_in_s (float8): seconds from now until the first granted slot, the
-# others 1/rate apart; with granted 0, seconds until %(min)s slots fit (see migration 0007).
+# others 1/rate apart; with granted 0, seconds until %(min)s slots fit (see ba_rate_take in db/migrations).
 RATE_TAKE = "SELECT granted, first_in_s FROM ba_rate_take(%(queue)s, %(want)s, %(min)s, %(rate)s, %(horizon_s)s)"
 
 
