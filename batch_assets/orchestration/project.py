@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batch_assets.db.migrate import MigrationSet
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.components.loader import DeclarationError, Declarations, from_config_error
 from batch_assets.orchestration.defaults import REPOSITORY, LocationDefaults
@@ -46,8 +47,8 @@ class Project:
     imported only when one of its jobs is asked for)."""
     queue_targets: tuple[str, ...] = ()
     """`module:NAME` of each of the location's own queues (not declared in a defs.yaml)."""
-    migrations: tuple[Any, ...] = ()
-    """The migration sets `db migrate` applies (the library's is always applied first)."""
+    migrations: tuple[MigrationSet, ...] = ()
+    """The location's own migration sets, applied after the library's (which is always applied first)."""
     defaults: LocationDefaults = REPOSITORY
     declarations: Callable[[], Declarations] = Declarations
     """The location's declarations (defs.yaml components) and the ones that cannot work."""

@@ -92,7 +92,7 @@ def test_failed_attempts_are_retried_with_a_growing_delay_and_alerted_once(
 
         waiting = _tick(instance, cursor, db_url)
         assert waiting.run_requests == [] and "attempt 3" in (waiting.skip_message or "")
-        assert (rules_sensor.retry_delay_s(1), rules_sensor.retry_delay_s(2), rules_sensor.retry_delay_s(3)) == (2.0, 4.0, 8.0)
+        assert [rules_sensor.retry_delay_s(n) for n in (1, 2, 3)] == [2.0, 4.0, 8.0]
         cursor = waiting.cursor or cursor
         third = wait_for(lambda: _tick(instance, cursor, db_url).run_requests, timeout=10, what="attempt 3")
         second_wait = time.monotonic() - failed_at
