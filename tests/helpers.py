@@ -146,7 +146,7 @@ WORKER_SCRIPT = textwrap.dedent(
     import json, signal, sys, threading
     from batch_assets.db.engine import create_engine
     from batch_assets.reference.payments.handler import HttpLimitsHandler
-    from batch_assets.reference.payments.queue import QueueSettings
+    from batch_assets.queue.settings import QueueSettings
     from batch_assets.reference.payments.worker import run_worker
 
     url, limits_url, knobs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])

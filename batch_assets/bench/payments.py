@@ -48,8 +48,8 @@ import psycopg
 from batch_assets.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: a spawned bench process loads only what it runs
-    from batch_assets.reference.payments.handler import Outcome
-    from batch_assets.reference.payments.queue import Claim
+    from batch_assets.queue.claims import Claim
+    from batch_assets.queue.handler import Outcome
 
 # What a bench process puts on its queue: the monotonic time it ended, or "<error type>: <text>".
 EndReport = float | str
@@ -331,7 +331,7 @@ class _StampHandler:
         self.out = out
 
     async def handle_async(self, claim: Claim) -> Outcome:
-        from batch_assets.reference.payments.handler import Outcome
+        from batch_assets.queue.handler import Outcome
 
         self.out.put((str(claim.id), time.monotonic()))
         return Outcome.done()
@@ -343,7 +343,7 @@ class _StampHandler:
 def _resident_process(url: str, ready: Barrier, out: Queue[Stamp], stop: Event) -> None:
     try:
         from batch_assets.db.engine import create_engine
-        from batch_assets.reference.payments.queue import QueueSettings
+        from batch_assets.queue.settings import QueueSettings
         from batch_assets.reference.payments.worker import run_worker
 
         engine = create_engine(url, pool_size=2)
@@ -448,8 +448,8 @@ def _stub_process(port_out: Queue[int], stop: Event, latency_s: float) -> None:
 def _http_worker_process(url: str, ready: Barrier, out: Queue[EndReport], limits_url: str) -> None:
     try:
         from batch_assets.db.engine import create_engine
+        from batch_assets.queue.settings import QueueSettings
         from batch_assets.reference.payments.handler import default_handler
-        from batch_assets.reference.payments.queue import QueueSettings
         from batch_assets.reference.payments.worker import run_worker
 
         engine = create_engine(url, pool_size=2)

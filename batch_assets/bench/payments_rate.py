@@ -55,8 +55,9 @@ def _limited_process(url: str, ready: Barrier, out: Queue[EndReport], rate: floa
     """One drain-mode worker at `rate` (0: no limit); reports its call times and the limiter's figures."""
     try:
         from batch_assets.db.engine import create_engine
+        from batch_assets.queue.settings import QueueSettings
         from batch_assets.queue.worker import Worker
-        from batch_assets.reference.payments.queue import QueueSettings, refuse_payment
+        from batch_assets.reference.payments.queue import refuse_payment
         from batch_assets.reference.payments.store import PAYMENTS
 
         engine = create_engine(url, pool_size=2)

@@ -3,9 +3,7 @@ retention and the declarations under BATCH_ASSETS_DEFS_DIR."""
 
 from __future__ import annotations
 
-from batch_assets.orchestration.components.loader import load_declarations
-from batch_assets.orchestration.defaults import REPOSITORY
-from batch_assets.orchestration.project import Project
+from batch_assets import REPOSITORY, Project, load_declarations
 from batch_assets.reference.migrations import REFERENCE
 
 JOB_MODULES: dict[str, tuple[str, ...]] = {

@@ -10,9 +10,10 @@ import pytest
 import sqlalchemy as sa
 from helpers import LimitsStub
 
+from batch_assets.queue.handler import OutcomeKind
+from batch_assets.queue.settings import QueueSettings
 from batch_assets.reference.payments import queue
-from batch_assets.reference.payments.handler import HttpLimitsHandler, OutcomeKind, classify_status
-from batch_assets.reference.payments.queue import QueueSettings
+from batch_assets.reference.payments.handler import HttpLimitsHandler, classify_status
 from batch_assets.reference.payments.worker import run_worker
 
 pytestmark = pytest.mark.integration

@@ -14,11 +14,12 @@ import pytest
 import sqlalchemy as sa
 from helpers import wait_for
 
+from batch_assets.queue.breaker import CLOSED
+from batch_assets.queue.settings import QueueSettings
 from batch_assets.reference.payments import queue, sql
 from batch_assets.reference.payments.handler import PluginHandler
-from batch_assets.reference.payments.queue import QueueSettings
 from batch_assets.reference.payments.store import PAYMENTS
-from batch_assets.reference.payments.worker import CLOSED, run_worker
+from batch_assets.reference.payments.worker import run_worker
 
 pytestmark = pytest.mark.integration
 

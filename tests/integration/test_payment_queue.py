@@ -11,10 +11,11 @@ import pytest
 import sqlalchemy as sa
 
 from batch_assets.errors import ConfigError
-from batch_assets.queue.claims import Result, planned_result
+from batch_assets.queue.claims import Claim, Result, planned_result
+from batch_assets.queue.handler import Outcome, OutcomeKind
+from batch_assets.queue.settings import QueueSettings
 from batch_assets.reference.payments import queue
-from batch_assets.reference.payments.handler import Outcome, OutcomeKind, SimulatedHandler
-from batch_assets.reference.payments.queue import Claim, QueueSettings
+from batch_assets.reference.payments.handler import SimulatedHandler
 from batch_assets.reference.payments.seed import seed_payments
 from batch_assets.reference.payments.store import PAYMENTS
 from batch_assets.reference.payments.worker import run_worker

@@ -25,11 +25,14 @@ from helpers import LimitsStub, WorkerProcess, wait_for
 
 from batch_assets.db.engine import is_transient
 from batch_assets.errors import ConfigError
+from batch_assets.queue.batch import AdaptiveBatch
+from batch_assets.queue.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
+from batch_assets.queue.claims import Result
+from batch_assets.queue.settings import QueueSettings
 from batch_assets.reference.payments import queue, sql
 from batch_assets.reference.payments.handler import HttpLimitsHandler, PluginHandler, load_plugin
-from batch_assets.reference.payments.queue import QueueSettings, Result
 from batch_assets.reference.payments.store import PAYMENTS
-from batch_assets.reference.payments.worker import CLOSED, HALF_OPEN, OPEN, AdaptiveBatch, Breaker, run_worker
+from batch_assets.reference.payments.worker import run_worker
 
 pytestmark = pytest.mark.integration
 

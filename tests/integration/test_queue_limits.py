@@ -156,7 +156,8 @@ def test_a_stop_gives_back_the_rows_waiting_for_a_rate_slot_at_once(engine: sa.E
     from helpers import wait_for
 
     from batch_assets.queue.handler import Outcome
-    from batch_assets.reference.payments.queue import QueueSettings, enqueue
+    from batch_assets.queue.settings import QueueSettings
+    from batch_assets.reference.payments.queue import enqueue
     from batch_assets.reference.payments.worker import run_worker
 
     calls: list[float] = []
@@ -202,7 +203,8 @@ def test_a_gate_that_cannot_work_stops_the_worker_and_gives_every_row_back(engin
     import psycopg
 
     from batch_assets.queue.handler import Outcome
-    from batch_assets.reference.payments.queue import QueueSettings, enqueue
+    from batch_assets.queue.settings import QueueSettings
+    from batch_assets.reference.payments.queue import enqueue
     from batch_assets.reference.payments.worker import run_worker
 
     calls: list[object] = []

@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from helpers import LimitsStub, wait_for
 
 import batch_assets
-from batch_assets.queue.handler import Handler
+from batch_assets.queue.handler import Handler, KwargsHandler
+from batch_assets.queue.settings import QueueSettings
 from batch_assets.reference.payments import queue
-from batch_assets.reference.payments.handler import HttpLimitsHandler, KwargsHandler, payment_arguments
-from batch_assets.reference.payments.queue import QueueSettings
+from batch_assets.reference.payments.handler import HttpLimitsHandler, payment_arguments
 from batch_assets.reference.payments.worker import run_worker
 
 pytestmark = pytest.mark.integration

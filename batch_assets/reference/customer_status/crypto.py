@@ -19,8 +19,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from batch_assets.errors import ConfigError, DecryptError
-from batch_assets.settings import ENCRYPTION_KEY_VAR, Settings
+from batch_assets import ENCRYPTION_KEY_VAR, ConfigError, DecryptError, Settings
 
 NONCE_BYTES = 12
 TAG_BYTES = 16

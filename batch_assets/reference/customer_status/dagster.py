@@ -16,19 +16,22 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from batch_assets.engine.definition import Sweep
-from batch_assets.engine.ranges import CursorRange, even_split
-from batch_assets.orchestration.celery import celery_on_redis_executor
-from batch_assets.orchestration.metadata import counts_table, observable_table, records_table
-from batch_assets.orchestration.resources import DatabaseResource
-from batch_assets.orchestration.sweep_job import (
+from batch_assets import (
+    CursorRange,
+    DatabaseResource,
     ExtraAsset,
     PrepareContext,
     Prepared,
+    Sweep,
     SweepJob,
     SweepSchedule,
     asset_job_run_config,
     build_sweep_job,
+    celery_on_redis_executor,
+    counts_table,
+    even_split,
+    observable_table,
+    records_table,
 )
 from batch_assets.reference.customer_status import sql
 from batch_assets.reference.customer_status.job import CustomerStatusSettings

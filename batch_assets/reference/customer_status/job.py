@@ -9,22 +9,24 @@ from typing import Any
 import sqlalchemy as sa
 from pydantic import Field, ValidationInfo, field_validator
 
-from batch_assets.engine.definition import (
+from batch_assets import (
+    MAX_PAGE_SIZE,
     CheckpointStoreLike,
+    ConfigError,
     CursorRange,
+    DatedSettings,
+    ProgressCallback,
     RunContext,
     RunGuardLike,
+    SweepResult,
+    SweepSettings,
     check_page_size,
+    run_sweep,
 )
-from batch_assets.engine.result import SweepResult
-from batch_assets.engine.runner import ProgressCallback, run_sweep
-from batch_assets.engine.settings import MAX_PAGE_SIZE, SweepSettings
-from batch_assets.errors import ConfigError
 from batch_assets.reference.customer_status.crypto import DobCipher
 from batch_assets.reference.customer_status.rules import Rules
 from batch_assets.reference.customer_status.rules_store import current_rules, settled_rules
 from batch_assets.reference.customer_status.sweep import MODES, CustomerStatusSweep, FullReader, Mode
-from batch_assets.settings_model import DatedSettings
 
 SWEEP_MODES = MODES
 DEFAULT_RANGES = 4

@@ -3,7 +3,7 @@ checkpoints and locks of earlier releases stay its own."""
 
 from __future__ import annotations
 
-from batch_assets.orchestration.sweep_job import SweepNames
+from batch_assets import SweepNames
 from batch_assets.reference.customer_status.sweep import SWEEP_NAME
 
 SWEEP_JOB_KEY = "customer_status_sweep"

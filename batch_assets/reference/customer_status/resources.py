@@ -9,9 +9,8 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from batch_assets.orchestration.resources import env_if_set
+from batch_assets import ENCRYPTION_KEY_VAR, Settings, env_if_set, load_settings
 from batch_assets.reference.customer_status.crypto import DobCipher, cipher_for, load_key
-from batch_assets.settings import ENCRYPTION_KEY_VAR, Settings, load_settings
 
 
 class EncryptionResource(dg.ConfigurableResource):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 
-from batch_assets.errors import ConfigError
+from batch_assets import ConfigError
 
 SENTINEL = date(9999, 12, 31)
 """`next_review_date` of a row whose category can never change again."""

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from batch_assets.errors import ConfigError
+from batch_assets import ConfigError
 from batch_assets.reference.customer_status import sql
 from batch_assets.reference.customer_status.rules import DEFAULT_RULES, Rules
 

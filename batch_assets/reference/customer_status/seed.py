@@ -19,8 +19,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from batch_assets.db.engine import driver_connection
-from batch_assets.errors import ConfigError
+from batch_assets import ConfigError, driver_connection
 from batch_assets.reference.customer_status.crypto import NONCE_BYTES, DobCipher
 from batch_assets.reference.customer_status.rules import DEFAULT_RULES, Rules, evaluate
 

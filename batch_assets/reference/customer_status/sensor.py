@@ -15,10 +15,7 @@ from typing import Any
 
 import dagster as dg
 
-from batch_assets import run_history
-from batch_assets.orchestration.automation import IN_PROGRESS
-from batch_assets.orchestration.resources import AlertsResource, DatabaseResource
-from batch_assets.orchestration.sweep_job import asset_job_run_config
+from batch_assets import IN_PROGRESS, AlertsResource, DatabaseResource, asset_job_run_config, latest_run_summary
 from batch_assets.reference.customer_status import sql
 from batch_assets.reference.customer_status.names import NAMES
 from batch_assets.reference.customer_status.rules_store import current_rules
@@ -49,7 +46,7 @@ RULES_KEY_TAG = "batch_assets/rules_key"
 
 def _swept(database: DatabaseResource, run_id: str) -> bool:
     """Whether the run recorded a SUCCESS summary (a SKIPPED sweep also ends Dagster-SUCCESS)."""
-    summary = run_history.latest(database.get_engine(), run_id)
+    summary = latest_run_summary(database.get_engine(), run_id)
     return summary is not None and summary.get("status") == "SUCCESS"
 
 

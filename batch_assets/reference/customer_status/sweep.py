@@ -23,9 +23,18 @@ from typing import Any, Literal, get_args
 
 import sqlalchemy as sa
 
-from batch_assets.engine.definition import CursorRange, RowOutcome, SqlReader, Sweep, WriteCounts
-from batch_assets.engine.result import DECRYPT_FAILURE, INVALID_VALUE, MISSING_DATA
-from batch_assets.errors import ConfigError, DecryptError
+from batch_assets import (
+    DECRYPT_FAILURE,
+    INVALID_VALUE,
+    MISSING_DATA,
+    ConfigError,
+    CursorRange,
+    DecryptError,
+    RowOutcome,
+    SqlReader,
+    Sweep,
+    WriteCounts,
+)
 from batch_assets.reference.customer_status import sql
 from batch_assets.reference.customer_status.crypto import DobCipher
 from batch_assets.reference.customer_status.rules import Rules, evaluate, needs_evaluation, parse_dob

@@ -8,6 +8,6 @@ Numbered `NNNN_name.sql` files, forward-only, every statement guarded: on a data
 
 from __future__ import annotations
 
-from batch_assets.db.migrate import MigrationSet
+from batch_assets import MigrationSet
 
 REFERENCE = MigrationSet("reference", "batch_assets.reference.migrations")

@@ -13,20 +13,28 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from batch_assets.orchestration.automation import IN_PROGRESS
-from batch_assets.orchestration.metadata import markdown_table, observable_table
-from batch_assets.orchestration.queue_job import QueueJob, QueueWorkConfig, build_queue_job
-from batch_assets.orchestration.resources import DatabaseResource, JobLockResource, env_if_set
-from batch_assets.orchestration.watchdog import fail_if_dead
-from batch_assets.queue.breaker import BREAKER_CODES
-from batch_assets.queue.handler import Handler
-from batch_assets.queue.settings import QueueSettings
-from batch_assets.queue.store import STATUSES
+from batch_assets import (
+    BREAKER_CODES,
+    IN_PROGRESS,
+    LIMITS_URL_VAR,
+    STATUSES,
+    DatabaseResource,
+    Handler,
+    JobLockResource,
+    QueueJob,
+    QueueSettings,
+    QueueWorkConfig,
+    Settings,
+    build_queue_job,
+    env_if_set,
+    fail_if_dead,
+    markdown_table,
+    observable_table,
+)
 from batch_assets.reference.payments import sql
 from batch_assets.reference.payments.declaration import PAYMENTS_QUEUE
 from batch_assets.reference.payments.handler import PAYMENT_HANDLER_VAR, default_handler
 from batch_assets.reference.payments.queue import dlq_size, queue_stats
-from batch_assets.settings import LIMITS_URL_VAR, Settings
 
 NIGHTLY = "nightly_jobs"
 QUEUE_DRAIN_INTERVAL_S = 30

@@ -7,15 +7,19 @@ the object names migrations 0001, 0002 and 0006 gave the payments' indexes, trig
 
 from __future__ import annotations
 
-from batch_assets.queue.declaration import Backoff, QueueDeclaration, handler_factory
-from batch_assets.queue.executor import Refusal
-from batch_assets.queue.handler import Handler
-from batch_assets.queue.settings import QueueSettings
-from batch_assets.queue.spec import QueueSpec
+from batch_assets import (
+    Backoff,
+    Handler,
+    QueueDeclaration,
+    QueueSettings,
+    QueueSpec,
+    Refusal,
+    handler_factory,
+    load_settings,
+)
 from batch_assets.reference.payments.handler import default_handler, plugin_spec_from_environment
 from batch_assets.reference.payments.queue import refuse_payment
 from batch_assets.reference.payments.store import PAYMENTS_SPEC
-from batch_assets.settings import load_settings
 
 
 @handler_factory

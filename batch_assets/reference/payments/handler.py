@@ -20,18 +20,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from batch_assets.errors import ConfigError
-from batch_assets.plugins import load_function
-from batch_assets.queue.claims import Claim
-from batch_assets.queue.handler import (  # noqa: F401  (the payments' handlers are queue handlers)
-    AsyncHandler,
-    Handler,
-    KwargsHandler,
-    LoopResource,
-    Outcome,
-    OutcomeKind,
-    SyncHandler,
-)
+from batch_assets import Claim, ConfigError, Handler, KwargsHandler, Outcome, load_function
 from batch_assets.reference.payments.http11 import HttpError, PostClient
 
 PAYMENT_HANDLER_VAR = "BATCH_ASSETS_PAYMENT_HANDLER"

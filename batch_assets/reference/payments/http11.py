@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from batch_assets.errors import ConfigError
+from batch_assets import ConfigError
 
 _MAX_HEAD = 64 * 1024
 

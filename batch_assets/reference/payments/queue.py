@@ -1,6 +1,6 @@
-"""The payment queue (CONTRACT §7): the `payments` table as one instance of the generic queue.
+"""The payment queue: the `payments` table as one instance of the generic queue.
 
-`PAYMENTS` is its store (`domains.queue.store.QueueStore`): every statement the worker, the CLI,
+`PAYMENTS` is its store (`batch_assets.queue.store.QueueStore`): every statement the worker, the CLI,
 Dagster and the tests run on the table. The functions here are the payments' own calls over it
 (enqueue with COPY, the DLQ, `queue stats`); claims and results go through the store.
 """
@@ -13,18 +13,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from batch_assets.queue.claims import ERROR_MAX_BYTES, Claim, Result, clip, planned_result
-from batch_assets.queue.handler import Outcome
-from batch_assets.queue.settings import MAX_BATCH, MAX_DB_OUTAGE_S, MAX_POLL_S, QueueSettings
-from batch_assets.queue.store import DLQ_ERROR_CHARS, STATUSES, ReplayCount
+from batch_assets import Claim, Outcome, ReplayCount
 from batch_assets.reference.payments.seed import copy_payments
 from batch_assets.reference.payments.store import PAYMENTS, PAYMENTS_SPEC, QUEUE_NAME
 
 __all__ = [
-    "AGING_INTERVAL_S", "DLQ_ERROR_CHARS", "ERROR_MAX_BYTES", "MAX_AMOUNT_CENTS", "MAX_BATCH", "MAX_DB_OUTAGE_S",
-    "MAX_POLL_S", "PAYMENTS", "PAYMENTS_SPEC", "PRIORITY_RANGE", "QUEUE_NAME", "STATUSES", "Claim", "QueueSettings",
-    "ReplayCount", "Result", "clip", "dlq_list", "dlq_replay", "dlq_size", "enqueue", "planned_result", "queue_stats",
-    "refuse_payment",
+    "AGING_INTERVAL_S", "MAX_AMOUNT_CENTS", "PAYMENTS", "PAYMENTS_SPEC", "PRIORITY_RANGE", "QUEUE_NAME", "dlq_list",
+    "dlq_replay", "dlq_size", "enqueue", "queue_stats", "refuse_payment",
 ]
 
 MAX_AMOUNT_CENTS = 2**53 - 1

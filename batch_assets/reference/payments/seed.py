@@ -7,8 +7,7 @@ import uuid
 
 import sqlalchemy as sa
 
-from batch_assets.db.engine import driver_connection
-from batch_assets.errors import ConfigError
+from batch_assets import ConfigError, driver_connection
 from batch_assets.reference.payments import sql
 
 ANALYZE_AFTER_ROWS = 1_000

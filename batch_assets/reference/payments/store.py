@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from batch_assets.queue.spec import QueueSpec
-from batch_assets.queue.store import QueueStore
+from batch_assets import QueueSpec, QueueStore
 
 QUEUE_NAME = "payments"
 

@@ -12,16 +12,11 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from batch_assets.queue import worker as queue_worker
-from batch_assets.queue.batch import AdaptiveBatch
-from batch_assets.queue.breaker import BREAKER_CODES, CLOSED, HALF_OPEN, OPEN, Breaker
-from batch_assets.queue.handler import Handler
-from batch_assets.queue.result import QueueResult
-from batch_assets.queue.settings import QueueSettings
+from batch_assets import Handler, QueueResult, QueueSettings, run_queue_worker
 from batch_assets.reference.payments.queue import refuse_payment
 from batch_assets.reference.payments.store import PAYMENTS
 
-__all__ = ["BREAKER_CODES", "CLOSED", "HALF_OPEN", "OPEN", "AdaptiveBatch", "Breaker", "QueueResult", "run_worker"]
+__all__ = ["run_worker"]
 
 
 def run_worker(
@@ -36,5 +31,5 @@ def run_worker(
 ) -> QueueResult:
     """Process due payments until `stop` is set, `max_seconds` pass, or (drain=True) nothing is due
     (`domains.queue.worker.run_worker` on the payments' store)."""
-    return queue_worker.run_worker(engine, PAYMENTS, settings, handler=handler, stop=stop, max_seconds=max_seconds,
+    return run_queue_worker(engine, PAYMENTS, settings, handler=handler, stop=stop, max_seconds=max_seconds,
                                    drain=drain, progress=progress, refuse=refuse_payment)

@@ -10,28 +10,34 @@ from typing import Any
 
 import dagster as dg
 
-from batch_assets.errors import LockNotAcquired
-from batch_assets.orchestration.automation import schedule_timezone, tick_date
-from batch_assets.orchestration.budget import APP_DATABASE_POOL
-from batch_assets.orchestration.config import config_class
-from batch_assets.orchestration.metadata import counts_table, observable_table, run_numbers
-from batch_assets.orchestration.ops import (
+from batch_assets import (
+    APP_DATABASE_POOL,
     SKIPPED,
+    STOP,
+    AlertsResource,
+    CalendarResource,
+    DatabaseResource,
+    JobLockResource,
+    JobSpec,
+    LockNotAcquired,
+    OpProgress,
+    config_class,
     config_of,
     config_schema_of,
+    counts_table,
     empty_summary,
     finish,
+    observable_table,
     resolve_run_date,
+    run_numbers,
+    schedule_timezone,
     stop_on_interrupt,
+    tick_date,
     utcnow,
     validated_plan,
 )
-from batch_assets.orchestration.progress import OpProgress
-from batch_assets.orchestration.resources import AlertsResource, CalendarResource, DatabaseResource, JobLockResource
-from batch_assets.orchestration.spec import JobSpec
 from batch_assets.reference.subscriptions import sql
 from batch_assets.reference.subscriptions.expiry import ExpiryJobSettings, run_expiry_job
-from batch_assets.shutdown import STOP
 
 NIGHTLY = "nightly_jobs"
 

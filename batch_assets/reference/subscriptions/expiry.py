@@ -26,14 +26,25 @@ from typing import Any, Self
 import sqlalchemy as sa
 from pydantic import Field, model_validator
 
-from batch_assets.db.engine import translated_error
-from batch_assets.engine.definition import RunContext, RunGuardLike
-from batch_assets.engine.result import SUCCESS, SweepResult
-from batch_assets.engine.runner import run_sweep
-from batch_assets.engine.settings import SweepSettings
-from batch_assets.errors import ConfigError, LeaseLost, error_text
-from batch_assets.locking.guard import RunGuard, job_guard
-from batch_assets.locking.lock import JobLock, PostgresJobLock
+from batch_assets import (
+    SUCCESS,
+    ConfigError,
+    DatedSettings,
+    JobLock,
+    LeaseLost,
+    PostgresJobLock,
+    RunContext,
+    RunGuard,
+    RunGuardLike,
+    SettingsModel,
+    SweepResult,
+    SweepSettings,
+    bounds,
+    error_text,
+    job_guard,
+    run_sweep,
+    translated_error,
+)
 from batch_assets.reference.subscriptions.sql import NIGHTLY_BATCH, RETRY_BATCH
 from batch_assets.reference.subscriptions.sweep import (
     ENROLLMENTS_DELETED,
@@ -43,7 +54,6 @@ from batch_assets.reference.subscriptions.sweep import (
     RETRY_FAILED,
     ExpirySweep,
 )
-from batch_assets.settings_model import DatedSettings, SettingsModel, bounds
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from batch_assets.db.engine import driver_connection
-from batch_assets.errors import ConfigError
+from batch_assets import ConfigError, driver_connection
 
 AUDIT_COURSE_ID = -1
 """course_id whose enrollments the demo guard trigger refuses to delete."""

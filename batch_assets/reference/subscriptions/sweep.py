@@ -17,9 +17,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from batch_assets.db.engine import is_transient
-from batch_assets.engine.definition import CursorRange, RowOutcome, SqlReader, Sweep, WriteCounts, WriteFailures
-from batch_assets.errors import ConfigError, first_line
+from batch_assets import (
+    ConfigError,
+    CursorRange,
+    RowOutcome,
+    SqlReader,
+    Sweep,
+    WriteCounts,
+    WriteFailures,
+    first_line,
+    is_transient,
+)
 from batch_assets.reference.subscriptions import sql
 
 log = logging.getLogger(__name__)
