@@ -59,16 +59,15 @@ def resolve_database_url(settings: Settings) -> str:
     return normalize_url(settings.database_url)
 
 
-def normalize_url(url: str) -> str:
-    """Check a URL names PostgreSQL and use psycopg 3 as the driver."""
+def normalize_url(url: str, *, field: str = DATABASE_URL_VAR) -> str:
+    """Check a URL names PostgreSQL and use psycopg 3 as the driver (a ConfigError naming `field`, the variable or
+    the attribute the URL came from; the message never repeats the URL)."""
     try:
         parsed = make_url(url)
     except Exception as exc:  # sqlalchemy.exc.ArgumentError and friends
-        raise ConfigError(f"not a valid database URL ({type(exc).__name__})", field=DATABASE_URL_VAR) from None
+        raise ConfigError(f"not a valid database URL ({type(exc).__name__})", field=field) from None
     if parsed.get_backend_name() != "postgresql":
-        raise ConfigError(
-            f"must be a PostgreSQL URL, got backend {parsed.get_backend_name()!r}", field=DATABASE_URL_VAR
-        )
+        raise ConfigError(f"must be a PostgreSQL URL, got backend {parsed.get_backend_name()!r}", field=field)
     return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 

@@ -150,25 +150,66 @@ def own_resources(name: str, url: DatabaseUrl | None, defaults: LocationDefaults
             f"{name}__calendar": shared["calendar"]}
 
 
+def declared_url(url: DatabaseUrl | None, defaults: LocationDefaults) -> str | None:
+    """The URL a declaration's jobs use now, checked (a ConfigError naming `database_url`): its own, else
+    BATCH_ASSETS_DATABASE_URL; None where the location's embedded server is the fallback."""
+    import os
+
+    from batch_assets.db.engine import normalize_url
+
+    if url is not None:
+        value = url.resolve()
+        if not value:
+            raise ConfigError(f"the variable {url.env} that database_url names is not set", field="database_url")
+        return normalize_url(value, field="database_url")
+    value = os.environ.get(DATABASE_URL_VAR, "").strip()
+    if value:
+        return normalize_url(value)
+    if defaults.embedded_fallback:
+        return None
+    raise ConfigError(f"no database: set database_url (e.g. \"{{{{ env.APP_DATABASE_URL }}}}\") or {DATABASE_URL_VAR}",
+                      field="database_url")
+
+
+def check_when_reachable(component: Any, url: str | None, folder: Path | None) -> None:
+    """Check a declaration against its database when the database answers: one that cannot work fails the load with
+    one line naming its file and the attribute; a database that is down never stops a code location from loading."""
+    from batch_assets.orchestration.components.loader import from_config_error
+
+    if url is None:
+        return
+    engine = reachable_engine(url)
+    if engine is None:
+        return
+    try:
+        component.check_database(engine)
+    except ConfigError as exc:
+        raise from_config_error((folder or Path.cwd()) / "defs.yaml", exc) from None
+    finally:
+        engine.dispose()
+
+
 def url_getter(name: str, url: DatabaseUrl | None) -> Any:
     """The JobSpec's `database_url`: where the CLI finds this declaration's database (None: the location's)."""
     if url is None:
         return None
 
     def get() -> str:
+        from batch_assets.db.engine import normalize_url
+
         value = url.resolve()
         if not value:
             raise ConfigError(f"the variable {url.env} that database_url names is not set", field="database_url")
-        return value
+        return normalize_url(value, field="database_url")
 
     return get
 
 
 def reachable_engine(url: str) -> sa.Engine | None:
     """An engine on `url` when the database answers (within the connect timeout), else None (logged)."""
-    from batch_assets.db.engine import create_engine, normalize_url
+    from batch_assets.db.engine import create_engine
 
-    engine = create_engine(normalize_url(url), pool_size=1, max_overflow=0)
+    engine = create_engine(url, pool_size=1, max_overflow=0)
     try:
         with engine.connect():
             return engine

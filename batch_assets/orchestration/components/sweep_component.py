@@ -40,12 +40,13 @@ from batch_assets.orchestration.components.common import (
     DatabaseUrl,
     Schedules,
     asset_key_of,
+    check_when_reachable,
     checked_asset_key,
+    declared_url,
     definitions_of,
     folder_of,
     location_status,
     own_resources,
-    reachable_engine,
     schedule_default,
     url_getter,
 )
@@ -286,13 +287,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
         resources = None
         if not defaults.shared_resources:
             resources = own_resources(self.name, self.database_url, defaults)
-            url = resources[f"{self.name}__database"].resolved_url()
-            engine = reachable_engine(url)
-            if engine is not None:
-                try:
-                    self.target(engine, defaults.outbox_table)
-                finally:
-                    engine.dispose()
+            check_when_reachable(self, declared_url(self.database_url, defaults), folder)
         timezone, status = location_status()
         return definitions_of(specs, resources=resources, timezone=timezone, status=status)
 

@@ -26,11 +26,12 @@ from pydantic import Field, PrivateAttr
 from batch_assets.orchestration.components.common import (
     DATABASE_URL_RESOLVER,
     DatabaseUrl,
+    check_when_reachable,
+    declared_url,
     definitions_of,
     folder_of,
     location_status,
     own_resources,
-    reachable_engine,
     url_getter,
 )
 from batch_assets.orchestration.defaults import TEAM, LocationDefaults
@@ -94,11 +95,6 @@ class TableQueueComponent(dg.Component, dg.Resolvable, QueueDeclaration):
         resources = None
         if not defaults.shared_resources:
             resources = own_resources(self.name, self.database_url, defaults)
-            engine = reachable_engine(resources[f"{self.name}__database"].resolved_url())
-            if engine is not None:
-                try:
-                    self.check_database(engine)
-                finally:
-                    engine.dispose()
+            check_when_reachable(self, declared_url(self.database_url, defaults), folder)
         timezone, status = location_status()
         return definitions_of(specs, resources=resources, timezone=timezone, status=status)
