@@ -123,6 +123,6 @@ def observable_table(table: str, query: str, description: str) -> dg.SourceAsset
 
     with warnings.catch_warnings():
         # observable_source_asset is marked beta; the warning would print on every CLI command that
-        # loads the registry, and it is not the user's to act on.
+        # loads the code location's jobs, and it is not the user's to act on.
         warnings.simplefilter("ignore", dg.BetaWarning)
         return dg.observable_source_asset(name=table, group_name=BUSINESS_TABLES, description=description)(_observe)

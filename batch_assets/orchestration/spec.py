@@ -1,10 +1,10 @@
-"""`JobSpec`: everything the registry, the code location and the CLI need to know about one job.
+"""`JobSpec`: everything a code location and the CLI need to know about one job.
 
-Each domain's `dagster.py` declares one `SPEC`; `orchestration.registry` lists them. Nothing
-here knows any particular job.
+Each job's module declares one `SPEC` (the one sweep-job and queue-job builders make them); a `Project` lists them.
+Nothing here knows any particular job.
 """
 
-# No `from __future__ import annotations`: the dataclass is read at runtime by the registry only,
+# No `from __future__ import annotations`: the dataclass is read at runtime by the code location only,
 # but keeping the annotations real keeps mypy and readers honest.
 
 from collections.abc import Callable, Mapping, Sequence
