@@ -80,6 +80,7 @@ WITH done AS (
 SELECT id FROM claimed
 """
 
+
 def _sqlalchemy_url(database_url: str) -> str:
     from batch_assets.db.engine import normalize_url
 

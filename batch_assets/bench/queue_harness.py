@@ -93,7 +93,6 @@ class BenchRows:
             conn.execute("VACUUM (ANALYZE) payments")
 
 
-
 def run_processes(ctx: SpawnContext, target: Callable[..., None], url: str, args: tuple[object, ...],
                    *, before_join: Callable[[], None] | None = None) -> float:
     """Start WORKER_PROCESSES of `target`, release them together, return seconds until the last ends.

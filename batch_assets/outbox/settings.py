@@ -20,6 +20,7 @@ MAX_RELAY_SECONDS = 3600.0
 MAX_FOLLOW_SECONDS = 7 * 86_400.0
 """Upper bound of follow_seconds: a week."""
 
+
 class RelaySettings(SettingsModel):
     """Knobs of the relay: bounds, defaults and the cross-field rule in one place (validated when built)."""
 
