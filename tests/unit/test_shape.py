@@ -1,8 +1,8 @@
 """The package's shape: no module of batch_assets over 400 lines, and no import circle in batch_assets or faults.
 
 Circles are found from the source with `ast`, counting every import statement wherever it stands: at module
-level, inside a function or method (the imports that used to hide circles from import-linter's layers, which see
-them but cannot say that a lazy import closes a loop), and `importlib.import_module(...)` / `__import__(...)`
+level, inside a function or method (where circles used to hide: import-linter's layers contract sees such imports
+but not a circle among the modules of one layer), and `importlib.import_module(...)` / `__import__(...)`
 called with a string literal or a module-level string constant. The one exception is the body of
 `if TYPE_CHECKING:`, which never runs. An import names its deepest module: `from a.b import c` is an import of
 `a.b.c` when that is a module, else of `a.b`; importing `a.b.c` is not counted as importing the packages `a` and
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,6 @@ MAX_LINES = 400
 
 PENDING_SPLIT: frozenset[str] = frozenset()
 """Modules over MAX_LINES that are being rewritten now; each leaves this list when its rewrite lands."""
-
-
-@dataclass(frozen=True)
-class Import:
-    target: str
-    line: int
 
 
 def modules_of(package: str, root: Path = REPO) -> dict[str, Path]:
