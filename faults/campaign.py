@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from faults import checker, writers
+from faults import checker, hosts, writers
 from faults.brokers import NatsServer, RabbitVhost, TcpProxy, delivered_ids
 from faults.product import CliResult, Product, Running
 from faults.services import LimitsStub, PgServer, RedisServer
@@ -942,8 +942,6 @@ $$""")
     def _hosts_fault(self, res: FaultResult) -> None:
         """The sweep and queue scenarios of faults/hosts.py (network, pid and uts namespaces per host) against the
         campaign's server; their timelines and checks go into the report (`hosts` below)."""
-        from faults import hosts
-
         self.hosts = hosts.run(rows=hosts.DEFAULT_ROWS, ranges=hosts.DEFAULT_RANGES, payments=hosts.DEFAULT_PAYMENTS,
                                only=None, workdir=self.root / "hosts", database_url=self.pg.app_url("postgres"),
                                first_index=4)  # bah4..6: `make hosts` (bah1..3) may run at the same time
@@ -1256,9 +1254,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
 
 def _hosts_specs() -> list[FaultSpec]:
     """The several-hosts rig (full campaign only, ~12 min): when this machine can host it (root, ip netns, RabbitMQ)."""
-    from faults.hosts import DEFAULT_AMQP, unavailable_reason
-
-    if unavailable_reason() is not None or not RabbitVhost.available(*DEFAULT_AMQP):
+    if hosts.unavailable_reason() is not None or not RabbitVhost.available(*hosts.DEFAULT_AMQP):
         return []
     return [FaultSpec("hosts", "host_lost", None, 0.35, 2)]
 

@@ -56,7 +56,7 @@ import sqlalchemy as sa
 from batch_assets.settings import environ_without_product
 from faults import checker
 from faults.brokers import RabbitVhost, TcpProxy
-from faults.product import REPO, CliResult, Running, cli_path
+from faults.product import REPO, CliResult, Running, cli_path, tested_tree
 from faults.services import LimitsStub
 
 PREFIX = "bah"
@@ -991,12 +991,6 @@ def _queue_checks(sc: Scenario, engine: sa.Engine, stubs: list[LimitsStub], in_f
 # --- report ------------------------------------------------------------------------------------------
 
 
-def _tree() -> str:
-    from faults.report import _tree as tree
-
-    return tree()
-
-
 def render(scenarios: list[Scenario], *, command: str, duration_s: float) -> str:
     ok = all(s.ok for s in scenarios)
     out = [
@@ -1008,7 +1002,7 @@ def render(scenarios: list[Scenario], *, command: str, duration_s: float) -> str
         "vhost of the rig's) and limits stubs are reached through each host's gateway. \"kill -9\" is SIGKILL to",
         "every process of one host's network namespace, each by its pid.",
         "",
-        f"- command: `{command}`; tree: {_tree()}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"- command: `{command}`; tree: {tested_tree()}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         f"- result: **{'PASS' if ok else 'FAIL'}** in {duration_s / 60:.1f} min",
         "",
     ]

@@ -23,6 +23,18 @@ REPO = Path(__file__).resolve().parents[1]
 PRODUCT_VARS_PREFIX = "BATCH_ASSETS_"
 
 
+def tested_tree() -> str:
+    """The commit the product ran from, and whether the work tree differed from it (a report's provenance)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git work tree)"
+    return f"`{commit}`" + (" with uncommitted changes" if dirty else "")
+
+
 def cli_path() -> str:
     """The worktree's installed entry point; the interpreter's module as a fallback."""
     candidate = Path(sys.executable).parent / "batch-assets"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 from faults import checker
 from faults.campaign import EDIT_RATE, Campaign, FaultResult
+from faults.hosts import render_scenario
+from faults.product import tested_tree
 
 INFO_KEYS = {"transitions", "new_triggers", "new_events", "unevaluable", "posts_total", "posts_max_per_key",
              "payments_done", "sink_resends", "subscriptions_expired", "subscriptions_failed", "subscriptions_active"}
@@ -135,23 +135,8 @@ def fuzz_lines(rows: list[dict[str, Any]], *, cli: bool) -> list[str]:
     return lines
 
 
-def _tree() -> str:
-    """The commit the campaign ran on, and whether the work tree differed from it (the report's provenance)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (not a git work tree)"
-    return f"`{commit}`" + (" with uncommitted changes" if dirty else "")
-
-
 def hosts_section(c: Campaign) -> list[str]:
     """The several-hosts fault (faults/hosts.py): its timelines and checks; docs/hosts.md is the rig's own report."""
-    from faults.hosts import render_scenario
-
     out = ["## Several hosts", "",
            "A host lost in the middle of a range, and queue workers on several hosts: three test hosts (network, pid",
            "and uts namespaces), one killed with `kill -9` of every process. [docs/hosts.md](hosts.md) is the same",
@@ -187,7 +172,7 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         "  its own event id (message_id / Nats-Msg-Id), duplicates counted, none lost;",
         "- truthfulness: a run that ended SUCCESS left no row in scope uncomputed beyond its `failed` count.",
         "",
-        f"- command: `{command}`; tree: {_tree()}",
+        f"- command: `{command}`; tree: {tested_tree()}",
         f"- seed: `{c.seed}`; run date {c.run_date}; {c.sizes.customers:,} customers, "
         f"{c.sizes.subscriptions:,} subscriptions, {c.sizes.payments:,} payments per fault",
         f"- PostgreSQL binaries: `{c.pg.bindir}`; Redis: {'yes' if c.redis else 'absent (lock-store faults skipped)'}"

@@ -9,7 +9,7 @@ it writes a JSON report, a markdown table and PNG charts.
 Modules, one per part: `options` (command line), `scratch` (the dedicated
 database and table states), `sweeps` (the product), `references` (naive job
 and floor), `startup`, `plans`, `queue`, `memory`, `render` and `charts` (the
-readable report), `check` (`python -m batch_assets.bench.check REPORT.json`),
+readable report), `outputs` (the files written), `check` (`python -m batch_assets.bench.check REPORT.json`),
 and `suite` (the order of a run).
 """
 

@@ -25,7 +25,8 @@ from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
-from batch_assets.outbox.relay import RelaySettings, backlog, follow_outbox, relay_outbox
+from batch_assets.outbox.relay import backlog, follow_outbox, relay_outbox
+from batch_assets.outbox.settings import RelaySettings
 from batch_assets.outbox.sinks import NatsJetStreamSink, RabbitMQSink
 
 DEFAULT_BROKERS = {"rabbitmq": "amqp://guest:guest@127.0.0.1:5672/%2F", "nats": "nats://127.0.0.1:4222"}

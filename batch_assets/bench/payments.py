@@ -11,10 +11,10 @@ migrations applied:
    product's SQL (also reported with synchronous_commit = off, the product's setting);
 3. pickup latency: an idle resident worker, a row INSERTed by another connection, time until
    the handler is called (p50 / p99);
-4. an HTTP stub on 127.0.0.1 answering after 50 ms, the default handler at concurrency 64;
-5. the rate limit's accuracy across the worker processes and its cost (`rate_bench`).
+4. an HTTP stub on 127.0.0.1 answering after 50 ms, the default handler at concurrency 64 (`payments_http`);
+5. the rate limit's accuracy across the worker processes and its cost (`payments_rate`).
 
-Its rows carry ids with a random 64-bit prefix, so it deletes exactly what it inserted. It
+Its rows carry ids with a random 64-bit prefix, so it deletes exactly what it inserted (`queue_harness`). It
 refuses to start while other payments are NEW or PROCESSING (its workers would process them).
 
 Every timed drain starts right after a CHECKPOINT (`settle`, when the role may run one), so the floor, the
@@ -29,10 +29,8 @@ comparable; it makes neither faster.)
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing as mp
 import random
-import secrets
 import statistics
 import threading
 import time
@@ -45,22 +43,20 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from batch_assets.bench.payments_http import HTTP_CONCURRENCY, HTTP_LATENCY_S, http_stub_case
+from batch_assets.bench.payments_rate import run_rate_bench
+from batch_assets.bench.queue_harness import WORKER_PROCESSES, BenchRows, EndReport, conninfo_of, run_processes
 from batch_assets.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: a spawned bench process loads only what it runs
     from batch_assets.queue.claims import Claim
     from batch_assets.queue.handler import Outcome
 
-# What a bench process puts on its queue: the monotonic time it ended, or "<error type>: <text>".
-EndReport = float | str
 # What the resident worker's handler puts on its queue: (payment id, monotonic time of the call),
 # or ("error", "<error type>: <text>").
 Stamp = tuple[str, float | str]
 
 NOOP_HANDLER = "batch_assets.reference.payments.noop:handle"
-WORKER_PROCESSES = 2
-HTTP_LATENCY_S = 0.05
-HTTP_CONCURRENCY = 64
 FLOOR_BATCH = 100
 
 # FLOOR_ROUND_TRIP — the floor's whole protocol: complete the previous batch and claim the
@@ -84,81 +80,11 @@ WITH done AS (
 SELECT id FROM claimed
 """
 
-# BENCH_ROWS_STATE — status counts and the largest attempts among the bench's rows.
-#   %(lo)s, %(hi)s  uuid  the bench's id range
-BENCH_ROWS_STATE = """
-SELECT count(*) FILTER (WHERE status = 'DONE'), count(*), coalesce(max(attempts), 0)
-  FROM payments WHERE id BETWEEN %(lo)s AND %(hi)s
-"""
-
-
-def _conninfo(database_url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
-
 
 def _sqlalchemy_url(database_url: str) -> str:
     from batch_assets.db.engine import normalize_url
 
     return normalize_url(database_url)
-
-
-def settle(conninfo: str) -> bool:
-    """A CHECKPOINT before a timed drain, when the role may run one (a superuser or a member of pg_checkpoint);
-    False, and nothing done, when it may not."""
-    try:
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute("CHECKPOINT")
-    except psycopg.errors.InsufficientPrivilege:
-        return False
-    return True
-
-
-def bench_rows(database_url: str) -> _Rows:
-    """The bench's rows on `database_url` (any URL form): what the floor and the product drain, for a probe that
-    must drain the same rows (bench/startup.py's CLI queue probe)."""
-    return _Rows(_conninfo(database_url))
-
-
-class _Rows:
-    """The bench's rows: ids `prefix‖counter`, inserted with COPY, deleted by id range."""
-
-    def __init__(self, conninfo: str) -> None:
-        self.conninfo = conninfo
-        self.prefix = secrets.randbits(63) | 1
-        self.lo = uuid.UUID(int=self.prefix << 64)
-        self.hi = uuid.UUID(int=(self.prefix << 64) | (2**64 - 1))
-        self.next = 0
-        self.settled = False  # whether the last insert ended with a CHECKPOINT (settle)
-
-    def insert(self, count: int) -> None:
-        with psycopg.connect(self.conninfo) as conn:
-            with conn.cursor() as cur, cur.copy("COPY payments (id, amount_cents) FROM STDIN") as copy:
-                for _ in range(count):
-                    self.next += 1
-                    copy.write_row((uuid.UUID(int=(self.prefix << 64) | self.next), 100))
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            conn.execute("ANALYZE payments")
-        self.settled = settle(self.conninfo)
-
-    def insert_one(self, conn: psycopg.Connection) -> uuid.UUID:
-        self.next += 1
-        pid = uuid.UUID(int=(self.prefix << 64) | self.next)
-        conn.execute("INSERT INTO payments (id, amount_cents) VALUES (%(id)s, 100)", {"id": pid})
-        return pid
-
-    def state(self) -> tuple[int, int, int]:
-        """(DONE rows, all rows, max attempts) of the bench's rows."""
-        with psycopg.connect(self.conninfo) as conn:
-            row = conn.execute(BENCH_ROWS_STATE, {"lo": self.lo, "hi": self.hi}).fetchone()
-        assert row is not None
-        return int(row[0]), int(row[1]), int(row[2])
-
-    def delete(self) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            conn.execute("DELETE FROM payments WHERE id BETWEEN %(lo)s AND %(hi)s", {"lo": self.lo, "hi": self.hi})
-            conn.execute("VACUUM (ANALYZE) payments")
 
 
 def run_queue_bench(
@@ -172,7 +98,7 @@ def run_queue_bench(
     if isinstance(payments, bool) or not isinstance(payments, int) or payments < 1:
         raise ConfigError(f"must be a whole number >= 1, got {payments!r}", field="payments")
     say = progress or (lambda _text: None)
-    conninfo = _conninfo(database_url)
+    conninfo = conninfo_of(database_url)
     url = _sqlalchemy_url(database_url)
     with psycopg.connect(conninfo) as conn:
         busy = conn.execute("SELECT count(*) FROM payments WHERE status IN ('NEW', 'PROCESSING')").fetchone()
@@ -180,23 +106,23 @@ def run_queue_bench(
         raise ConfigError(f"{busy[0]} payments are NEW or PROCESSING; run the bench on a scratch database",
                           field="database_url")
     ctx = mp.get_context("spawn")
-    rows = _Rows(conninfo)
+    rows = BenchRows(conninfo)
     try:
         say(f"queue bench: floor, {payments:,} payments, {WORKER_PROCESSES} processes")
         rows.insert(payments)
-        floor_s = _run_processes(ctx, _floor_process, conninfo, (False,))
+        floor_s = run_processes(ctx, _floor_process, conninfo, (False,))
         rows.delete()
 
         # The product commits with synchronous_commit = off (a lost result is only processed again);
         # the same floor with that setting shows how much of the difference is the commit alone.
         say(f"queue bench: floor with synchronous_commit = off, {payments:,} payments")
         rows.insert(payments)
-        floor_async_s = _run_processes(ctx, _floor_process, conninfo, (True,))
+        floor_async_s = run_processes(ctx, _floor_process, conninfo, (True,))
         rows.delete()
 
         say(f"queue bench: product, {payments:,} payments, no-op plug-in, {WORKER_PROCESSES} worker processes")
         rows.insert(payments)
-        product_s = _run_processes(ctx, _product_process, url, ())
+        product_s = run_processes(ctx, _product_process, url, ())
         done, total, max_attempts = rows.state()
         rows.delete()
 
@@ -209,11 +135,9 @@ def run_queue_bench(
         say(f"queue bench: HTTP stub ({HTTP_LATENCY_S * 1000:.0f} ms), {http_payments:,} payments, "
             f"concurrency {HTTP_CONCURRENCY}")
         rows.insert(http_payments)
-        http_s, http_calls = _http_stub_case(ctx, url)
+        http_s, http_calls = http_stub_case(ctx, url)
         http_done, http_total, http_max_attempts = rows.state()
         rows.delete()
-
-        from batch_assets.bench.payments_rate import run_rate_bench
 
         rate_limit = run_rate_bench(ctx, url, rows, processes=WORKER_PROCESSES, quick=quick, payments=payments,
                                     progress=say)
@@ -257,36 +181,6 @@ def run_queue_bench(
 
 
 # --- processes ---------------------------------------------------------------------------------
-
-
-def _run_processes(ctx: SpawnContext, target: Callable[..., None], url: str, args: tuple[object, ...],
-                   *, before_join: Callable[[], None] | None = None) -> float:
-    """Start WORKER_PROCESSES of `target`, release them together, return seconds until the last ends.
-
-    `before_join` reads what else the processes put on their queues: a process ends only once its queue is drained.
-    """
-    ready = ctx.Barrier(WORKER_PROCESSES + 1)
-    out: Queue[EndReport] = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(url, ready, out, *args), daemon=True) for _ in range(WORKER_PROCESSES)]
-    for p in procs:
-        p.start()
-    try:
-        ready.wait(timeout=120)
-        started = time.monotonic()
-        ends = [out.get(timeout=900) for _ in procs]
-        times: list[float] = []
-        for end in ends:
-            if isinstance(end, str):
-                raise RuntimeError(f"bench worker failed: {end}")
-            times.append(end)
-        if before_join is not None:
-            before_join()
-        return max(times) - started
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
 
 
 def _floor_process(conninfo: str, ready: Barrier, out: Queue[EndReport], async_commit: bool) -> None:
@@ -375,7 +269,7 @@ def _wait_listening(conninfo: str, deadline_s: float = 60) -> None:
     raise RuntimeError("the resident worker did not LISTEN within 60 s")
 
 
-def _pickup_latency(ctx: SpawnContext, url: str, conninfo: str, rows: _Rows, samples: int) -> list[float]:
+def _pickup_latency(ctx: SpawnContext, url: str, conninfo: str, rows: BenchRows, samples: int) -> list[float]:
     ready = ctx.Barrier(2)
     out: Queue[Stamp] = ctx.Queue()
     stop = ctx.Event()
@@ -404,92 +298,3 @@ def _pickup_latency(ctx: SpawnContext, url: str, conninfo: str, rows: _Rows, sam
         if proc.is_alive():
             proc.kill()
     return latencies
-
-
-# --- the HTTP stub ------------------------------------------------------------------------------
-
-
-def _stub_process(port_out: Queue[int], stop: Event, latency_s: float) -> None:
-    """A keep-alive HTTP/1.1 server that answers every POST with 200 after `latency_s`."""
-
-    async def serve() -> None:
-        calls = 0
-
-        async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal calls
-            try:
-                while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = 0
-                    for line in head.split(b"\r\n"):
-                        if line.lower().startswith(b"content-length:"):
-                            length = int(line.split(b":", 1)[1])
-                    if length:
-                        await reader.readexactly(length)
-                    await asyncio.sleep(latency_s)
-                    calls += 1
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-                    await writer.drain()
-            except (asyncio.IncompleteReadError, ConnectionError):
-                pass
-            finally:
-                writer.close()
-
-        server = await asyncio.start_server(client, "127.0.0.1", 0, backlog=1024)
-        port_out.put(server.sockets[0].getsockname()[1])
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, stop.wait)
-        port_out.put(calls)
-        server.close()
-
-    asyncio.run(serve())
-
-
-def _http_worker_process(url: str, ready: Barrier, out: Queue[EndReport], limits_url: str) -> None:
-    try:
-        from batch_assets.db.engine import create_engine
-        from batch_assets.queue.settings import QueueSettings
-        from batch_assets.reference.payments.handler import default_handler
-        from batch_assets.reference.payments.worker import run_worker
-
-        engine = create_engine(url, pool_size=2)
-        settings = QueueSettings(concurrency=HTTP_CONCURRENCY, http_timeout_s=5)
-        handler = default_handler(limits_url, settings.http_timeout_s, concurrency=settings.concurrency)
-        ready.wait(timeout=120)
-        run_worker(engine, settings, handler=handler, drain=True)
-        out.put(time.monotonic())
-        engine.dispose()
-    except BaseException as exc:  # reported to the parent, which raises
-        out.put(f"{type(exc).__name__}: {exc}")
-
-
-def _http_stub_case(ctx: SpawnContext, url: str) -> tuple[float, int]:
-    port_out: Queue[int] = ctx.Queue()
-    stop = ctx.Event()
-    stub = ctx.Process(target=_stub_process, args=(port_out, stop, HTTP_LATENCY_S), daemon=True)
-    stub.start()
-    try:
-        port = port_out.get(timeout=60)
-        ready = ctx.Barrier(2)
-        out: Queue[EndReport] = ctx.Queue()
-        limits_url = f"http://127.0.0.1:{port}/limits"
-        proc = ctx.Process(target=_http_worker_process, args=(url, ready, out, limits_url), daemon=True)
-        proc.start()
-        try:
-            ready.wait(timeout=120)
-            started = time.monotonic()
-            end = out.get(timeout=900)
-            if isinstance(end, str):
-                raise RuntimeError(f"HTTP bench worker failed: {end}")
-        finally:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-        stop.set()
-        calls = int(port_out.get(timeout=30))
-        return end - started, calls
-    finally:
-        stop.set()
-        stub.join(timeout=30)
-        if stub.is_alive():
-            stub.kill()

@@ -1,4 +1,4 @@
-"""The rate limit's accuracy and its cost (issue 18), a part of the queue bench (`benchmark.run_queue_bench`).
+"""The rate limit's accuracy and its cost (issue 18), a part of the queue bench (`payments.run_queue_bench`).
 
 1. **Accuracy.** 2 worker processes share `rate_limit_per_s` (100/s, `--quick`; 200/s full) over the
    payments queue with a handler that only stamps the time of each call; reported: the calls in every
@@ -9,7 +9,7 @@
    `--quick`, 20,000 full): payments/s of each and their ratio, i.e. what asking PostgreSQL for call
    slots costs when the limit does not bind.
 
-Rows are the bench's own (`benchmark._Rows`: inserted with COPY, deleted by id range).
+Rows are the bench's own (`queue_harness.BenchRows`: inserted with COPY, deleted by id range).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from typing import TYPE_CHECKING, Any
 
-from batch_assets.bench.payments import EndReport, _Rows, _run_processes
+from batch_assets.bench.queue_harness import BenchRows, EndReport, run_processes
 
 if TYPE_CHECKING:  # imported where used: a spawned bench process loads only what it runs
     from batch_assets.queue.claims import Claim
@@ -79,7 +79,7 @@ def _run(ctx: SpawnContext, url: str, rate: float, processes: int) -> tuple[floa
     """`processes` workers at `rate`, released together: seconds until the last ends, and their reports."""
     report: Queue[Any] = ctx.Queue()
     reports: list[dict[str, Any]] = []
-    seconds = _run_processes(ctx, _limited_process, url, (rate, report),
+    seconds = run_processes(ctx, _limited_process, url, (rate, report),
                              before_join=lambda: reports.extend(report.get(timeout=60) for _ in range(processes)))
     return seconds, reports
 
@@ -98,7 +98,7 @@ def window_counts(times: list[float], window: float = WINDOW_S) -> list[int]:
     return counts
 
 
-def run_rate_bench(ctx: SpawnContext, url: str, rows: _Rows, *, processes: int, quick: bool, payments: int,
+def run_rate_bench(ctx: SpawnContext, url: str, rows: BenchRows, *, processes: int, quick: bool, payments: int,
                    progress: Callable[[str], None]) -> dict[str, Any]:
     """The rate limit's accuracy at one limit and its cost at full speed; see the module docstring."""
     limit = 100.0 if quick else 200.0

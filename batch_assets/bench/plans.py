@@ -75,7 +75,7 @@ def _explain(conn: sa.Connection, statement: str | sa.TextClause, params: dict[s
 
 def explain_sweep_reads(engine: sa.Engine, run_date: date) -> list[dict[str, Any]]:
     """The delta and full-page reads, as the engine's reader sends them."""
-    from batch_assets.engine.runner import PIN_READ_PLAN_SQL
+    from batch_assets.engine.page_reader import PIN_READ_PLAN_SQL
     from batch_assets.reference.customer_status import sql
     from batch_assets.reference.customer_status.sweep import MAX_VALUE_BYTES
 

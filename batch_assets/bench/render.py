@@ -1,4 +1,5 @@
-"""The report as people read it: markdown tables, charts, and the docs page's copy of the tables.
+"""The report as people read it: markdown tables, and the docs page's copy of the tables (the charts are
+charts.py, and outputs.py writes them all).
 
 Everything here is a pure function of the JSON report, so `batch-assets bench
 --render REPORT.json` redraws the same table and charts without measuring, and
@@ -8,8 +9,6 @@ shows the committed report. The bench command's `--readme PAGE` names the page.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,6 @@ TABLES_END = "<!-- bench:tables:end -->"
 TABLE_FILE = "latest.md"
 LATEST_JSON = "latest.json"
 CHART_FILES = {"throughput": "throughput.png", "rss": "rss.png", "queue": "queue.png"}
-
-
-def report_path(output_dir: Path, report: dict[str, Any]) -> Path:
-    """The dated report file: bench-<date>.json (bench-<date>-quick.json for --quick)."""
-    suffix = "-quick" if report.get("quick") else ""
-    return output_dir / f"bench-{report['created_at'][:10]}{suffix}.json"
 
 
 # --- numbers as text ------------------------------------------------------------------------
@@ -370,23 +363,3 @@ def page_tables(page: Path) -> str | None:
     if begin < 0 or end < begin:
         return None
     return text[begin + len(TABLES_BEGIN) + 1:end]
-
-
-def write_outputs(report: dict[str, Any], output_dir: Path, *, readme: Path | None = None) -> list[Path]:
-    """The dated JSON, latest.json, latest.md and the charts; with `readme` (the bench command's `--readme PAGE`,
-    the benchmarks page docs/bench/index.md), that page's copy of the tables too."""
-    from batch_assets.bench import charts
-
-    output_dir.mkdir(parents=True, exist_ok=True)
-    dated = report_path(output_dir, report)
-    text = json.dumps(report, indent=2, default=str) + "\n"
-    dated.write_text(text)
-    latest = output_dir / LATEST_JSON
-    if latest.resolve() != dated.resolve():
-        shutil.copyfile(dated, latest)
-    (output_dir / TABLE_FILE).write_text(markdown(report))
-    written = [dated, latest, output_dir / TABLE_FILE]
-    written += charts.draw_all(report, output_dir, CHART_FILES)
-    if readme is not None and update_page(readme, report):
-        written.append(readme)
-    return written

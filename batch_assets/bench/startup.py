@@ -203,7 +203,7 @@ def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
             if busy:
                 raise RuntimeError(f"{busy} payments already in the scratch database: the CLI queue probe needs none")
             _cli_run(["queue", "work", "--drain"], env)  # nothing due: the worker's start-up alone, warm instance
-            from batch_assets.bench.payments import bench_rows, settle
+            from batch_assets.bench.queue_harness import bench_rows, settle
 
             made = bench_rows(url)
             if rows == "seed":

@@ -34,7 +34,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from batch_assets.bench import memory, plans, references, render, scratch, startup, sweeps
+from batch_assets.bench import memory, outputs, plans, references, render, scratch, startup, sweeps
 from batch_assets.bench.options import STARTUP_RUNS, BenchOptions, options_from
 from batch_assets.bench.outbox import drain_section, outbox_section
 from batch_assets.bench.queue import queue_section
@@ -100,7 +100,7 @@ def run_bench(
         return _render_only(args, err=err, emit=emit)
     options = options_from(args)
     report = measure(options, settings, err=err)
-    written = render.write_outputs(report, options.output_dir, readme=options.readme)
+    written = outputs.write_outputs(report, options.output_dir, readme=options.readme)
     (options.output_dir / PARTIAL_JSON).unlink(missing_ok=True)
     err("bench: wrote " + ", ".join(str(p) for p in written))
     emit(report)
@@ -117,7 +117,7 @@ def _render_only(args: argparse.Namespace, *, err: Callable[[str], None],
     readme = Path(args.readme) if args.readme else None
     if readme is not None and not readme.is_file():
         raise ConfigError(f"{readme} is not a file", field="readme")
-    written = render.write_outputs(report, Path(args.output_dir), readme=readme)
+    written = outputs.write_outputs(report, Path(args.output_dir), readme=readme)
     err("bench: rendered " + ", ".join(str(p) for p in written))
     emit({"status": "SUCCESS", "rendered": [str(p) for p in written]})
     return EXIT_OK

@@ -1,8 +1,8 @@
 """`batch-assets`: one module per command group; `main` parses and dispatches (cli/main.py).
 
 `run` is the process's entry point (the `batch-assets` script, `python -m batch_assets.cli`): the command runs in
-a process the resident launcher forks when BATCH_ASSETS_LAUNCHER names one that serves it (cli/launcher.py),
-else here. Importing this package imports neither: `main` is imported on first use.
+a process the resident launcher forks when BATCH_ASSETS_LAUNCHER names one that serves it (cli/launcher.py; its
+client is cli/launcher_client.py), else here. Importing this package imports neither: `main` is imported on first use.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["main", "run"]
 
 
 def run() -> None:
-    from batch_assets.cli.launcher import run_through_launcher
+    from batch_assets.cli.launcher_client import run_through_launcher
 
     code = run_through_launcher(sys.argv[1:])
     if code is None:

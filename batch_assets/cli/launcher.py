@@ -23,12 +23,18 @@ when modules are imported (IMPORT_TIME_VARIABLES) has another value in the clien
 file of an imported module changed since the launcher started (an upgrade: restart the launcher).
 
 Nothing the launcher imports opens a connection or starts a thread: the forked processes share no state.
+
+This module is the launcher itself; the client is cli/launcher_client.py and the frames between them
+cli/launcher_wire.py. The command line a forked process runs is handed to `register` by cli/main.py, which
+imports this module (this module does not import it back).
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
-import json
+import importlib
+import logging
 import os
 import signal
 import socket
@@ -36,134 +42,32 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from batch_assets.cli.launcher_wire import (
+    FORWARDED_SIGNALS,
+    HANDSHAKE_TIMEOUT_S,
+    Frames,
+    import_time,
+    interpreter,
+    send,
+)
 from batch_assets.cli.output import err
+from batch_assets.errors import ConfigError
 from batch_assets.settings import LAUNCHER_VAR
 
-HANDSHAKE_TIMEOUT_S = 5.0
-"""The client waits this long for the launcher to start its command before it runs the command itself."""
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "LC_", "DAGSTER_")
-IMPORT_TIME_VARIABLES = ("LANG",)
-"""Variables that the interpreter, the loader or a module read when it starts or is imported (Dagster reads some
-of its DAGSTER_ variables at import), so the launcher's imports stand for a client only with the same values.
-DAGSTER_HOME is read when the instance is opened, in the forked process: it may differ. BATCH_ASSETS_ variables
-are read by the settings, in the forked process, from the client's environment."""
-RUN_TIME_VARIABLES = ("DAGSTER_HOME",)
-_HEADER = struct.Struct("!I")
-_MAX_FRAME = 16 * 1024 * 1024
 
+@dataclass(frozen=True)
+class CommandLine:
+    """The command line the launcher serves: `main(argv)` runs one command (in a forked process) and
+    `build_parser()` imports every command group (preloaded once)."""
 
-# -- frames: a 4-byte length and a JSON object; the request carries the client's stdin, stdout and stderr -------------
+    main: Callable[[Sequence[str]], int]
+    build_parser: Callable[[], object]
 
-def _send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    data = json.dumps(message).encode()
-    frame = _HEADER.pack(len(data)) + data
-    sent = socket.send_fds(sock, [frame], list(fds)) if fds else sock.send(frame)
-    if sent < len(frame):
-        sock.sendall(frame[sent:])
-
-
-class _Frames:
-    """Reads frames from a socket; the descriptors that came with them are kept in `fds`."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = b""
-        self.fds: list[int] = []
-
-    def read(self) -> dict[str, Any] | None:
-        """The next frame, or None at the end of the stream."""
-        while True:
-            if len(self.buffer) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(self.buffer)
-                if size > _MAX_FRAME:
-                    raise ValueError(f"a frame of {size} bytes")
-                if len(self.buffer) >= _HEADER.size + size:
-                    data = self.buffer[_HEADER.size:_HEADER.size + size]
-                    self.buffer = self.buffer[_HEADER.size + size:]
-                    message = json.loads(data)
-                    if not isinstance(message, dict):
-                        raise ValueError("a frame that is not an object")
-                    return message
-            chunk, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, 3)
-            self.fds.extend(fds)
-            if not chunk:
-                return None
-            self.buffer += chunk
-
-
-def _interpreter() -> dict[str, Any]:
-    """What a client's interpreter must share with the launcher's: the executable and the options it started with."""
-    return {"executable": sys.executable, "flags": list(sys.flags), "warnoptions": list(sys.warnoptions),
-            "xoptions": sorted(f"{k}={v}" for k, v in sys._xoptions.items())}
-
-
-def _import_time(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items()
-            if (k.startswith(IMPORT_TIME_PREFIXES) or k in IMPORT_TIME_VARIABLES) and k not in RUN_TIME_VARIABLES}
-
-
-# -- the client -------------------------------------------------------------------------------------------------------
-
-def run_through_launcher(argv: Sequence[str]) -> int | None:
-    """Run `batch-assets ARGV` in a process the launcher forks, if BATCH_ASSETS_LAUNCHER names one that serves it:
-    its exit code; None when the command is to run in this process (the reason is on stderr)."""
-    path = os.environ.get(LAUNCHER_VAR, "").strip()
-    if not path:
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        try:
-            request = {"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd(), **_interpreter()}
-            sock.connect(path)
-            _send(sock, request, fds=(0, 1, 2))
-            frames = _Frames(sock)
-            reply = frames.read()
-        except (OSError, ValueError) as exc:
-            err(f"launcher at {path} not reached ({exc.strerror or exc if isinstance(exc, OSError) else exc}): "
-                  "running in this process")
-            return None
-        if reply is None or "pid" not in reply:
-            reason = (reply or {}).get("refused") or "it closed the connection"
-            err(f"launcher at {path} did not take the command ({reason}): running in this process")
-            return None
-        sock.settimeout(None)
-        return _wait_for(sock, frames, int(reply["pid"]), argv)
-    finally:
-        sock.close()
-
-
-def _wait_for(sock: socket.socket, frames: _Frames, pid: int, argv: Sequence[str]) -> int:
-    """Pass signals on to the command's process until it reports its exit code."""
-    def forward(signum: int, _frame: Any) -> None:
-        try:
-            _send(sock, {"signal": signum})
-        except OSError:
-            pass
-
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, forward)
-    try:
-        message = frames.read()
-    except (OSError, ValueError):
-        message = None
-    if message is not None and "exit" in message:
-        return int(message["exit"])
-    from batch_assets.cli.output import emit, empty_summary, looks_like_job
-    from batch_assets.errors import EXIT_FAILED
-
-    error = f"the command's process (pid {pid}, forked by the launcher) ended without an exit code"
-    err(f"error: {error}")
-    if looks_like_job(argv):
-        emit(empty_summary("FAILURE", error=error))
-    return EXIT_FAILED
-
-
-# -- the launcher: `batch-assets launcher` ----------------------------------------------------------------------------
 
 class _Stop(Exception):
     """SIGTERM or SIGINT: the launcher stops listening (the commands it started go on)."""
@@ -210,12 +114,10 @@ def _reap(_signum: int, _frame: Any) -> None:
             return
 
 
-def preload() -> None:
+def preload(cli: CommandLine) -> None:
     """Import what the commands import, with the collector off, and move it out of the collector's reach
     (cli/startup.py): the CLI's every command group, every product job's module, the instance's storage and the
     run's execution."""
-    import importlib
-
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -226,10 +128,9 @@ def preload() -> None:
         )
 
         no_template_highlighting()
-        from batch_assets.cli.main import build_parser
         from batch_assets.reference.project import JOB_MODULES
 
-        build_parser()  # every command group and what its options import
+        cli.build_parser()  # every command group and what its options import
         for module in (*JOB_MODULES, *RUN_MODULES):
             try:
                 importlib.import_module(module)
@@ -266,15 +167,13 @@ def _changed(since: dict[str, float]) -> str | None:
     return None
 
 
-def serve(path: str) -> int:
-    """Listen on `path` until SIGTERM or SIGINT; fork a process per command. Returns the exit code."""
-    from batch_assets.errors import ConfigError
-
+def serve(path: str, cli: CommandLine) -> int:
+    """Listen on `path` until SIGTERM or SIGINT; fork a process per command of `cli`. Returns the exit code."""
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGCHLD, _reap)
     started = time.perf_counter()
-    preload()
+    preload(cli)
     if threading.active_count() != 1:  # a fork copies only the forking thread: no other may hold a lock
         raise ConfigError(f"{threading.active_count()} threads after the imports; the launcher needs one",
                           field="launcher")
@@ -286,7 +185,7 @@ def serve(path: str) -> int:
         while True:
             conn, _ = listener.accept()
             try:
-                _serve_one(listener, conn, sources)
+                _serve_one(listener, conn, sources, cli)
             except (OSError, ValueError) as exc:
                 err(f"launcher: a request failed: {exc}")
             finally:
@@ -304,8 +203,6 @@ def serve(path: str) -> int:
 
 def _listen(path: str) -> socket.socket:
     """A socket bound to `path` for this user only; a stale socket file (nobody listening) is replaced."""
-    from batch_assets.errors import ConfigError
-
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     if os.path.exists(path):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -332,14 +229,14 @@ def _listen(path: str) -> socket.socket:
 
 def refusal(request: dict[str, Any], sources: dict[str, float]) -> str | None:
     """Why this launcher's imports do not stand for the client's (None: they do)."""
-    mine = _interpreter()
+    mine = interpreter()
     for key in ("executable", "flags", "warnoptions", "xoptions"):
         if request.get(key) != mine[key]:
             return f"the client's Python differs in {key}"
     env = request.get("env")
     if not (isinstance(env, dict) and isinstance(request.get("argv"), list) and isinstance(request.get("cwd"), str)):
         return "a malformed request"
-    theirs, ours = _import_time(env), _import_time(dict(os.environ))
+    theirs, ours = import_time(env), import_time(dict(os.environ))
     differ = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
     if differ:
         return f"the environment differs in {', '.join(differ)}, read when modules are imported"
@@ -349,28 +246,28 @@ def refusal(request: dict[str, Any], sources: dict[str, float]) -> str | None:
     return None
 
 
-def _serve_one(listener: socket.socket, conn: socket.socket, sources: dict[str, float]) -> None:
+def _serve_one(listener: socket.socket, conn: socket.socket, sources: dict[str, float], cli: CommandLine) -> None:
     conn.settimeout(HANDSHAKE_TIMEOUT_S)
-    frames = _Frames(conn)
+    frames = Frames(conn)
     try:
         _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                               struct.calcsize("3i")))
         request = frames.read() if uid == os.getuid() else None
         reason = "another user" if uid != os.getuid() else refusal(request or {}, sources)
         if request is None or len(frames.fds) != 3 or reason:
-            _send(conn, {"refused": reason or "no request"})
+            send(conn, {"refused": reason or "no request"})
             return
         pid = os.fork()
         if pid == 0:
-            _command_process(listener, conn, frames, request)  # never returns
+            _command_process(listener, conn, frames, request, cli)  # never returns
         err(f"launcher: pid {pid} runs `{' '.join(request['argv'][:2])}`")
     finally:
         for fd in frames.fds:
             os.close(fd)
 
 
-def _command_process(listener: socket.socket, conn: socket.socket, frames: _Frames,
-                     request: dict[str, Any]) -> None:
+def _command_process(listener: socket.socket, conn: socket.socket, frames: Frames,
+                     request: dict[str, Any], cli: CommandLine) -> None:
     """In the forked process: become the client's CLI process, run its command, report its exit code. Never returns."""
     code = 1
     finished = threading.Event()
@@ -390,21 +287,15 @@ def _command_process(listener: socket.socket, conn: socket.socket, frames: _Fram
         sys.argv = ["batch-assets", *request["argv"]]
         _reopen_standard_streams()
         conn.settimeout(None)
-        _send(conn, {"pid": os.getpid()})
+        send(conn, {"pid": os.getpid()})
         threading.Thread(target=_watch_client, args=(frames, finished), name="batch-assets-client", daemon=True).start()
-        import logging
-
         logging.root.handlers.clear()  # main() configures logging on this process's stderr
-        from batch_assets.cli.main import main
-
-        code = main(request["argv"])
+        code = cli.main(request["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # a defect: one line, as main() gives one
         print(f"error: unexpected {type(exc).__name__} in the launcher's command process", file=sys.stderr)
     finally:
-        import atexit
-
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -413,7 +304,7 @@ def _command_process(listener: socket.socket, conn: socket.socket, frames: _Fram
                 pass
         finished.set()
         try:
-            _send(conn, {"exit": code})
+            send(conn, {"exit": code})
         except OSError:
             pass
         os._exit(code)
@@ -426,7 +317,7 @@ def _reopen_standard_streams() -> None:
     sys.stderr = open(2, "w", closefd=False, buffering=1, errors="backslashreplace")  # noqa: SIM115
 
 
-def _watch_client(frames: _Frames, finished: threading.Event) -> None:
+def _watch_client(frames: Frames, finished: threading.Event) -> None:
     """Signals from the client are raised here; a client gone (the stream ends) takes the process group down."""
     for message in _messages(frames):
         signum = message.get("signal")
@@ -436,7 +327,7 @@ def _watch_client(frames: _Frames, finished: threading.Event) -> None:
         os.killpg(0, signal.SIGKILL)
 
 
-def _messages(frames: _Frames) -> Iterator[dict[str, Any]]:
+def _messages(frames: Frames) -> Iterator[dict[str, Any]]:
     while True:
         try:
             message = frames.read()
@@ -447,17 +338,16 @@ def _messages(frames: _Frames) -> Iterator[dict[str, Any]]:
         yield message
 
 
-def cmd_launcher(args: Any, _settings: Any) -> int:
-    from batch_assets.errors import ConfigError
-
+def cmd_launcher(args: Any, _settings: Any, *, cli: CommandLine) -> int:
     path = (args.socket or os.environ.get(LAUNCHER_VAR, "")).strip()
     if not path:
         raise ConfigError(f"give --socket PATH or set {LAUNCHER_VAR}", field="socket")
-    return serve(os.path.abspath(path))
+    return serve(os.path.abspath(path), cli)
 
 
-def register(sub: Any) -> None:
+def register(sub: Any, cli: CommandLine) -> None:
+    """`batch-assets launcher`, serving the commands of `cli`."""
     p = sub.add_parser("launcher", help="the resident launcher: commands start without importing (cli/launcher.py)")
     p.add_argument("--socket", default=None,
                    help=f"the Unix socket to listen on (default: ${LAUNCHER_VAR}, which clients read to use it)")
-    p.set_defaults(func=cmd_launcher)
+    p.set_defaults(func=partial(cmd_launcher, cli=cli))

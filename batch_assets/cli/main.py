@@ -30,7 +30,7 @@ from batch_assets.errors import (
 from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.settings import Settings, load_settings
 
-GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, retention, tools, launcher)
+GROUPS = (db, seed, sweep, subscriptions, queue, outbox, rules, jobs, retention, tools)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for group in GROUPS:
         group.register(sub)
+    # The launcher's forked processes run this command line; it is handed over, the launcher cannot import it.
+    launcher.register(sub, launcher.CommandLine(main=main, build_parser=build_parser))
     return p
 
 

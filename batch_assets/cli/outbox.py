@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
     """outbox relay"""
     outbox = sub.add_parser("outbox", help="the outbox").add_subparsers(dest="outbox_command", required=True)
     rl = outbox.add_parser("relay", help="send PENDING outbox events to the sink")
-    from batch_assets.outbox.relay import OutboxRelayJobSettings as relay
+    from batch_assets.outbox.settings import OutboxRelayJobSettings as relay
 
     add_setting(rl, relay, "batch_size")
     add_setting(rl, relay, "follow")

@@ -20,6 +20,9 @@ MAX_PAGE_SIZE = 1000
 ABSOLUTE_MAX_PAGE_SIZE = 10_000
 """The largest page any sweep may allow (`Reader.max_page_size`; the default is MAX_PAGE_SIZE)."""
 
+MIN_ADAPTIVE_PAGE = 50
+"""The smallest page `adaptive_page_size` shrinks to, and the fewest rows the breaker judges a short page on."""
+
 MAX_WORKERS = 32
 MAX_POOL_SIZE = 64
 """A range's connection budget: with several ranges in parallel (multiprocess) the server's

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from helpers import kill_session
 
-from batch_assets.bench import check, plans, queue, references, render
+from batch_assets.bench import check, outputs, plans, queue, references, render
 from batch_assets.bench.scratch import scratch_prefix_of
 from batch_assets.reference.customer_status.rules import DEFAULT_RULES, evaluate, parse_dob
 from batch_assets.reference.customer_status.seed import seed_customers
@@ -123,16 +123,15 @@ def test_quick_bench_writes_a_complete_report_table_and_charts(bench_run: dict[s
 
 @pytest.mark.slow
 def test_checker_passes_the_run_and_names_a_missing_queue_section(bench_run: dict[str, Any]) -> None:
-    """The checker accepts the run's report; without the queue module it fails unless --allow-missing queue."""
-    path = bench_run["dir"] / "latest.json"
-    if queue.load_queue_bench() is None:
-        assert bench_run["report"]["queue"]["status"] == "not measured"
-        failed = _checker(path)
-        assert failed.returncode == 1 and "queue: not measured" in failed.stdout
-        passed = _checker(path, "--allow-missing", "queue")
-    else:
-        passed = _checker(path)
+    """The checker accepts the run's report, whose queue section was measured; a report whose queue section was not
+    fails it unless --allow-missing queue."""
+    passed = _checker(bench_run["dir"] / "latest.json")
     assert passed.returncode == 0, passed.stdout
+    assert bench_run["report"]["queue"]["status"] == "measured"
+    missing = copy.deepcopy(bench_run["report"])
+    missing["queue"] = {"status": "not measured", "reason": "no payments table"}
+    assert "queue: not measured (no payments table)" in check.check_report(missing)
+    assert [p for p in check.check_report(missing, allow_missing=("queue",)) if p.startswith("queue")] == []
 
 
 @pytest.mark.slow
@@ -209,7 +208,7 @@ def test_queue_section_is_rendered_into_table_chart_and_page(bench_run: dict[str
     page = tmp_path / "index.md"
     page.write_text(f"# x\n\n{render.TABLES_BEGIN}\nold figures\n{render.TABLES_END}\n\ntail\n")
     unmeasured = (bench_run["dir"] / "queue.png").read_bytes()
-    render.write_outputs(report, tmp_path / "out", readme=page)
+    outputs.write_outputs(report, tmp_path / "out", readme=page)
     table = (tmp_path / "out" / "latest.md").read_text()
     assert "4,200 payments/s (0.70× the floor)" in table
     assert "p50 3.5 ms · p99 18.2 ms" in table and "5.1k–6.9k jobs/s" in table
@@ -400,7 +399,7 @@ def test_the_peak_rss_of_a_sweep_is_its_own_not_its_parents(db_url: str, cipher:
 
 def test_each_timed_queue_drain_starts_after_a_checkpoint_when_the_role_may_run_one(
         db_url: str, engine: sa.Engine) -> None:
-    """The queue bench's rows end their insert with a CHECKPOINT (domains.payments.benchmark.settle), so drains timed
+    """The queue bench's rows end their insert with a CHECKPOINT (bench.queue_harness.settle), so drains timed
     minutes apart start at the same point of the server's checkpoint cycle; a role without the privilege gets
     False and no error, and the report says which it was."""
     import uuid
@@ -409,7 +408,7 @@ def test_each_timed_queue_drain_starts_after_a_checkpoint_when_the_role_may_run_
     from psycopg import sql
     from sqlalchemy.engine import make_url
 
-    from batch_assets.bench.payments import bench_rows, settle
+    from batch_assets.bench.queue_harness import bench_rows, settle
 
     def requested() -> int:
         with engine.connect() as conn:

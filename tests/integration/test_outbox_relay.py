@@ -13,7 +13,9 @@ import redis
 import sqlalchemy as sa
 
 from batch_assets.errors import ConfigError
-from batch_assets.outbox.relay import OutboxEvent, RelaySettings, relay_outbox
+from batch_assets.outbox.event import OutboxEvent
+from batch_assets.outbox.relay import relay_outbox
+from batch_assets.outbox.settings import RelaySettings
 from batch_assets.outbox.sinks import JsonLinesSink, RedisStreamSink, make_sink
 from batch_assets.settings import load_settings
 
@@ -299,7 +301,7 @@ def test_follow_with_the_sink_down_then_hanging_holds_no_transaction_and_loses_n
 
 def test_an_insert_of_events_notifies_the_relay_and_an_empty_insert_does_not(engine: sa.Engine) -> None:
     """The statement trigger NOTIFYs batch_assets_outbox once per inserting statement, never for zero rows."""
-    from batch_assets.outbox.relay import NOTIFY_CHANNEL
+    from batch_assets.outbox.listener import NOTIFY_CHANNEL
 
     raw = engine.raw_connection()
     try:
@@ -332,7 +334,7 @@ def test_a_claim_walks_the_pending_index_from_where_the_pass_is_even_with_stale_
     same statement is planned as a hash join over a sequential scan of outbox_events). The mark is an index
     scan of the batch's ids."""
     from batch_assets.outbox import sql
-    from batch_assets.outbox.relay import _claiming
+    from batch_assets.outbox.claims import claiming_connection
 
     insert = ("INSERT INTO outbox_events (aggregate_id, event_type, payload) "
               "SELECT gen_random_uuid(), 'age_category_changed', '{}'::jsonb FROM generate_series(1, %(n)s)")
@@ -351,7 +353,7 @@ def test_a_claim_walks_the_pending_index_from_where_the_pass_is_even_with_stale_
         unpinned = _plan_nodes(conn.execute(explain, params).scalar_one()[0]["Plan"])
         conn.rollback()
     assert scans & {node for node, _ in unpinned}, f"the unpinned plan no longer scans the table: {unpinned}"
-    with _claiming(engine) as conn:
+    with claiming_connection(engine) as conn:
         pinned = _plan_nodes(conn.execute(explain, params).scalar_one()[0]["Plan"])
         mark = sa.text("EXPLAIN (FORMAT JSON) " + sql.MARK_SENT.text)
         marked = _plan_nodes(conn.execute(mark, {"ids": list(range(10_001, 10_501)), "owner": "relay-t"})

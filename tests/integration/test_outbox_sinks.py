@@ -33,7 +33,9 @@ from brokers import (
 )
 from helpers import TcpProxy
 
-from batch_assets.outbox.relay import OutboxEvent, RelaySettings, relay_batch, relay_outbox
+from batch_assets.outbox.event import OutboxEvent
+from batch_assets.outbox.relay import relay_batch, relay_outbox
+from batch_assets.outbox.settings import RelaySettings
 from batch_assets.outbox.sinks import (
     JsonLinesSink,
     NatsJetStreamSink,

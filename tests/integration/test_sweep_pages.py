@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from customer_rows import captured_statements, copy_customers, count, customer, fetch_customer, writes
 
 from batch_assets.engine.definition import RunContext, WriteCounts
-from batch_assets.engine.runner import PIN_READ_PLAN_SQL, run_sweep
+from batch_assets.engine.page_reader import PIN_READ_PLAN_SQL
+from batch_assets.engine.runner import run_sweep
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.reference.customer_status import sql
 from batch_assets.reference.customer_status.crypto import DobCipher

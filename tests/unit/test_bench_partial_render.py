@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from batch_assets.bench import check, render
+from batch_assets.bench import check, outputs, render
 from batch_assets.bench.options import SECTIONS
 
 pytestmark = pytest.mark.unit
@@ -55,7 +55,7 @@ def test_a_partial_report_renders_its_table_and_charts_and_passes_the_checker(
         only: tuple[str, ...], tmp_path: Path) -> None:
     report = partial(json.loads(COMMITTED.read_text()), only)
     assert check.check_report(report) == []
-    written = render.write_outputs(report, tmp_path)
+    written = outputs.write_outputs(report, tmp_path)
     assert check.check_outputs(report, tmp_path) == []
     assert {p.name for p in written} >= set(render.CHART_FILES.values()) | {render.TABLE_FILE, render.LATEST_JSON}
     table = (tmp_path / render.TABLE_FILE).read_text()

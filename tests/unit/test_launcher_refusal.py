@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from batch_assets.cli import launcher
+from batch_assets.cli.launcher_wire import interpreter
 
 
 def request(**changes: Any) -> dict[str, Any]:
-    base = {"argv": ["rules", "show"], "env": dict(os.environ), "cwd": os.getcwd(), **launcher._interpreter()}
+    base = {"argv": ["rules", "show"], "env": dict(os.environ), "cwd": os.getcwd(), **interpreter()}
     return {**base, **changes}
 
 
@@ -38,7 +39,7 @@ def test_what_imports_read_must_be_the_same() -> None:
 
 def test_another_python_or_other_options_are_refused() -> None:
     assert "executable" in (launcher.refusal(request(executable=sys.executable + "3"), {}) or "")
-    flags = list(launcher._interpreter()["flags"])
+    flags = list(interpreter()["flags"])
     flags[0] = 1 - int(flags[0])
     assert "flags" in (launcher.refusal(request(flags=flags), {}) or "")
     assert "warnoptions" in (launcher.refusal(request(warnoptions=["error"]), {}) or "")

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from batch_assets.bench import check, render
+from batch_assets.bench import render
+from batch_assets.bench.check_services import check_rate_limit
+from batch_assets.bench.checker import Checker
 from batch_assets.bench.payments_rate import window_counts
 
 pytestmark = pytest.mark.unit
@@ -36,12 +38,12 @@ def test_the_report_shows_accuracy_and_cost_and_the_checker_holds_them() -> None
     assert "every 1 s window 95–104 calls (0.95–1.04× the limit)" in rows[0]
     assert "(0.92×)" in rows[1]
     assert render.rate_limit_rows(None) == []
-    ok = check.Checker()
-    check._check_rate_limit(ok, RATE_LIMIT)
+    ok = Checker()
+    check_rate_limit(ok, RATE_LIMIT)
     assert ok.problems == []
     bad = copy.deepcopy(RATE_LIMIT)
     bad["window_1s"]["max_ratio"] = 2.0
     bad["cost"]["ratio"] = 0
-    found = check.Checker()
-    check._check_rate_limit(found, bad)
+    found = Checker()
+    check_rate_limit(found, bad)
     assert any("max_ratio" in p for p in found.problems) and any("cost.ratio" in p for p in found.problems)
