@@ -54,8 +54,8 @@ def _stub_process(port_out: Queue[int], stop: Event, latency_s: float) -> None:
 def _http_worker_process(url: str, ready: Barrier, out: Queue[EndReport], limits_url: str) -> None:
     try:
         from batch_assets.db.engine import create_engine
-        from batch_assets.reference.payments.handler import default_handler
         from batch_assets.queue.settings import QueueSettings
+        from batch_assets.reference.payments.handler import default_handler
         from batch_assets.reference.payments.worker import run_worker
 
         engine = create_engine(url, pool_size=2)
