@@ -16,6 +16,12 @@ from batch_assets.settings import Settings
 
 
 def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.outbox.sinks import make_sink
+    from batch_assets.settings import check_outbox_sink
+
+    # A sink whose client library is not installed is refused here (exit 2 naming the variable and the extra to
+    # install), before a run starts; building the sink opens no connection.
+    make_sink(settings.outbox_sink or check_outbox_sink(None, settings.home)).close()
     spec = job_spec("outbox_relay_job")
     config, _ = build_config(
         spec.config, settings, batch_size=args.batch_size, follow=args.follow or None,

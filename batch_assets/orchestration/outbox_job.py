@@ -35,12 +35,8 @@ from batch_assets.orchestration.ops import (
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.outbox import sql
-from batch_assets.outbox.relay import (
-    OutboxRelayJobSettings,
-    backlog,
-    follow_outbox,
-    relay_outbox,
-)
+from batch_assets.outbox.relay import backlog, follow_outbox, relay_outbox
+from batch_assets.outbox.settings import OutboxRelayJobSettings
 from batch_assets.outbox.sinks import (
     DEFAULT_NATS_STREAM,
     DEFAULT_STREAM,

@@ -47,7 +47,6 @@ from batch_assets.outbox.claims import (
 )
 from batch_assets.outbox.event import OutboxEvent
 from batch_assets.outbox.listener import Listener
-from batch_assets.outbox.settings import OutboxRelayJobSettings as OutboxRelayJobSettings  # the relay job's import
 from batch_assets.outbox.settings import RelaySettings
 from batch_assets.outbox.sinks.base import Sink, SinkNotConfirmed
 

@@ -98,3 +98,19 @@ def test_choosing_a_broker_whose_library_is_missing_names_the_setting_and_the_ex
     expected = (f"BATCH_ASSETS_OUTBOX_SINK: the {'rabbitmq' if kind == 'amqp' else kind} sink needs the Python "
                 f"package {package}, which is not installed: pip install 'batch-assets[brokers]'")
     assert result == [[expected, "BATCH_ASSETS_OUTBOX_SINK", 2]] * 2
+
+
+def test_outbox_relay_command_refuses_a_broker_without_its_library_before_any_run(
+    cli_env: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    """`batch-assets outbox relay` with a RabbitMQ sink and no aio-pika: exit 2, one line naming the variable and the
+    extra, the JSON line, no run started (no run id), no password shown."""
+    env = {**cli_env, "BATCH_ASSETS_OUTBOX_SINK": "amqp://guest:secret@127.0.0.1:5672/%2F"}
+    launcher = WITHOUT_BROKERS + "import runpy; runpy.run_module('batch_assets.cli', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", launcher, "outbox", "relay"], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    [line] = [text for text in done.stderr.splitlines() if text.startswith("error:")]
+    assert "BATCH_ASSETS_OUTBOX_SINK" in line and "batch-assets[brokers]" in line and "secret" not in done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["status"] == "FAILURE" and summary["run_id"] is None
