@@ -267,9 +267,12 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
             name=self.name, description=description, prepare=prepare, source=source,
             modes=("delta", "full") if self.due is not None else ("full",),
             asset_key=asset_key_of(self.asset_key) if self.asset_key else None,
-            # One spec per table, whatever sweeps read it: two sweeps over a table share its source asset.
+            # One spec per table, whatever sweeps read it: two sweeps over a table share its source asset. In a team's
+            # project Dagster stamps each declaration's definitions with its origin, so two specs never match: there
+            # the dependency alone makes the table's (external) asset, or the team's own asset of that key.
             source_asset=dg.AssetSpec(source, description=f"The table {self.table} (written by other services).",
                                       group_name="declared"),
+            declare_source=defaults.shared_resources,
             keys=ResourceKeys() if defaults.shared_resources else ResourceKeys.prefixed(f"{self.name}__"),
             schedules=planned, timezone=schedules.timezone if schedules is not None else None,
             schedule_status=schedule_default(schedules.status if schedules is not None else None, defaults),

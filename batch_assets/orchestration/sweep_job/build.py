@@ -82,10 +82,11 @@ def build_sweep_job(job: SweepJob) -> JobSpec:
     )
     source = job.source_asset if job.source_asset is not None else dg.AssetSpec(
         job.source, description=f"The table {job.name} sweeps (written by other services).", group_name=job.group)
+    assets = [asset, source] if job.declare_source else [asset]
     checks = list(job.checks(asset_key)) if job.checks is not None else default_checks(job, names, asset_key)
     return JobSpec(
         job=op_job, config=config, config_op=names.plan_op, variants=variants, asset_jobs=[asset_job],
-        assets=[asset, source], asset_checks=checks,
+        assets=assets, asset_checks=checks,
         schedules=schedule_builder(job, names, asset_job) if job.schedules else None,
         release_after_failure=release_job_lock(names.lock), mapped_op=names.range_op,
         merge_records=merge_range_records, resources=job.resources, database_url=job.database_url,

@@ -148,6 +148,9 @@ class SweepJob:
     """The asset's key; default the asset name."""
     source_asset: Any = None
     """The source table's own asset definition (e.g. an observable source asset); default an AssetSpec."""
+    declare_source: bool = True
+    """Whether the job defines its source's asset at all. In a team's project it does not: the dependency alone gives
+    the lineage an external asset that every sweep of the table shares (or the team's own asset of that key)."""
     keys: ResourceKeys = ResourceKeys()
     """The keys of the resources every sweep uses."""
     resource_keys: tuple[str, ...] = ()
