@@ -20,10 +20,14 @@ PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 LOWEST = REPO / "tests" / "packaging" / "lowest-constraints.txt"
 
 
+TOOLS = {"dev", "docs"}
+"""The extras of this repository's own tools (tests, lint, docs site): not what the package runs on."""
+
+
 def _runtime_requirements() -> list[Requirement]:
-    """The core dependencies and those of every extra but dev (its test tools are pinned on purpose)."""
+    """The core dependencies and those of every extra the package runs with."""
     extras = PROJECT["optional-dependencies"]
-    lines = [*PROJECT["dependencies"], *(line for name, group in extras.items() if name != "dev" for line in group)]
+    lines = [*PROJECT["dependencies"], *(line for name, group in extras.items() if name not in TOOLS for line in group)]
     return [Requirement(line) for line in lines]
 
 

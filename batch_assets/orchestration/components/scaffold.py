@@ -56,8 +56,13 @@ SWEEP_OPTIONAL = (
               "A date column: NULL or on/before the run date means due. Enables mode delta (the due rows only)."),
     Attribute("sensitive", ["my_input"], "Columns whose values are never logged, nor put in metadata or events."),
     Attribute("event", "my_result_changed", "One outbox event of this type for each changed row."),
-    Attribute("schedules", {"delta": "0 2 * * *", "full": "0 3 * * 0", "timezone": "UTC"},
-              "Cron schedules per mode (delta needs due) and their time zone (default BATCH_ASSETS_TIMEZONE)."),
+    Attribute("schedules", {"delta": "0 2 * * *", "full": "0 3 * * 0", "timezone": "UTC", "status": "STOPPED"},
+              "Cron schedules per mode (delta needs due), their time zone (default BATCH_ASSETS_TIMEZONE), and "
+              "whether they start RUNNING (default STOPPED in your project)."),
+    Attribute("asset_key", "analytics/my_sweep", "The key of the sweep's asset, parts separated by '/' "
+              "(default: the name)."),
+    Attribute("source_asset_key", "public/my_table", "The key of the swept table's asset (default: schema/table, "
+              "which every sweep over the table shares)."),
 )
 
 QUEUE_REQUIRED = (
