@@ -7,10 +7,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint install ui clean
 
-$(STAMP): pyproject.toml
+# The dev extra takes every other extra (brokers, redis, celery, embedded, bench, ui); constraints.txt pins the
+# versions the suite runs against (the package itself declares ranges).
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c constraints.txt
 	@touch $(STAMP)
 
 install: $(STAMP)

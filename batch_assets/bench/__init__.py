@@ -37,13 +37,10 @@ def run_bench(
     The charts need the `bench` extra (matplotlib), which the product's runtime install does not carry:
     without it the bench stops at once with exit 2 and the command that installs it, before measuring.
     """
-    import importlib.util
+    from batch_assets.extras import installed, missing_extra_error
 
-    from batch_assets.errors import ConfigError
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise ConfigError("the bench needs its extra: pip install 'batch_assets[bench]' (or -e '.[bench]')",
-                          field="bench")
+    if not installed("matplotlib"):
+        raise missing_extra_error("matplotlib")
     from batch_assets.bench.suite import run_bench as run
 
     return run(args, settings, emit=emit, err=err)

@@ -27,6 +27,7 @@ from batch_assets.errors import (
     ConfigError,
     first_line,
 )
+from batch_assets.extras import missing_extra
 from batch_assets.orchestration.instance_home import write_instance_config
 from batch_assets.settings import Settings, load_settings
 
@@ -68,17 +69,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = choose_project(load_settings())
         return func(args, settings)
     except BatchAssetsError as exc:
-        err(f"error: {exc}")
-        if func in JOB_COMMANDS or (func is None and looks_like_job(sys.argv[1:] if argv is None else argv)):
-            status = "SKIPPED" if exc.exit_code == EXIT_SKIPPED else "FAILURE"
-            emit(empty_summary(status, error=str(exc)))
-        return exc.exit_code
+        return _refused(exc, func, argv)
     except KeyboardInterrupt:
         err("interrupted")
         if func in JOB_COMMANDS:
             emit(empty_summary("FAILURE", error="interrupted"))
         return EXIT_FAILED
     except Exception as exc:  # a defect: one line (no secrets: no locals, no values), JSON for job commands
+        refusal = missing_extra(exc) if isinstance(exc, ModuleNotFoundError) else None
+        if refusal is not None:  # not a defect: the feature's optional library is not installed
+            return _refused(refusal, func, argv)
         refusal = None if func in JOB_COMMANDS else unmigrated(exc)
         if refusal is not None:  # not a defect: a table `db migrate` creates is missing (a job is refused earlier)
             err(f"error: {refusal}")
@@ -105,6 +105,15 @@ def choose_project(settings: Settings) -> Settings:
         return dataclasses.replace(settings, embedded_allowed=False)
     write_instance_config(settings)
     return settings
+
+
+def _refused(exc: BatchAssetsError, func: object, argv: Sequence[str] | None) -> int:
+    """One line on stderr, and a job command's JSON summary; the error's exit code."""
+    err(f"error: {exc}")
+    if func in JOB_COMMANDS or (func is None and looks_like_job(sys.argv[1:] if argv is None else argv)):
+        status = "SKIPPED" if exc.exit_code == EXIT_SKIPPED else "FAILURE"
+        emit(empty_summary(status, error=str(exc)))
+    return exc.exit_code
 
 
 def unmigrated(exc: BaseException) -> ConfigError | None:

@@ -117,17 +117,18 @@ def cmd_queue_dlq_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _dlq_csv(engine: Any, store: Any, limit: int | None) -> int:
-    """The DLQ as CSV on stdout (for people), written page by page so memory stays one page."""
-    import pandas as pd
+    """The DLQ as CSV on stdout (for people), written page by page so memory stays one page. A NULL is an empty
+    field; every other value is written as its text."""
+    import csv
 
     page_size, written, after = 1000, 0, None
-    columns = list(store.sql.dlq_columns)
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(store.sql.dlq_columns), extrasaction="ignore",
+                            lineterminator="\n")
+    writer.writeheader()
     while True:
         wanted = page_size if limit is None else min(page_size, limit - written)
         rows = store.dlq_list(engine, limit=wanted, after_id=after) if wanted > 0 else []
-        if not rows and written:
-            break
-        pd.DataFrame(rows, columns=columns).to_csv(sys.stdout, index=False, header=written == 0)
+        writer.writerows(rows)
         written += len(rows)
         if len(rows) < wanted or not rows:
             break

@@ -10,7 +10,6 @@ outlives `batch-assets ui` (or `make ui`).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from batch_assets.cli.args import at_least_one
 from batch_assets.cli.output import err
+from batch_assets.extras import install_hint, installed, missing_extra_error
 from batch_assets.settings import Settings
 
 if TYPE_CHECKING:
@@ -43,10 +43,13 @@ class _Stop(Exception):
 
 
 def dg_dev_command(port: int, host: str, workspace: Path) -> list[str]:
-    """`dg dev` for this project, with this interpreter (the project's environment). dg comes with the dev extra
-    (`make install`); without it, the superseded `dagster dev` on `workspace` serves the same code location."""
-    if importlib.util.find_spec("dagster_dg_cli") is None:
-        err("dg (dagster-dg-cli) is not installed: using `dagster dev` (pip install -e '.[dev]' brings dg)")
+    """`dg dev` for this project, with this interpreter (the project's environment). dg comes with the `ui` extra
+    (and `make install`); without it, the superseded `dagster dev` on `workspace` serves the same code location.
+    Either needs dagster-webserver (the `ui` extra, or the team's own install): without it, a ConfigError."""
+    if not installed("dagster_webserver"):
+        raise missing_extra_error("dagster_webserver")
+    if not installed("dagster_dg_cli"):
+        err(f"dg (dagster-dg-cli) is not installed: using `dagster dev` ({install_hint('ui')} brings dg)")
         return [sys.executable, "-m", "dagster", "dev", "-w", str(workspace), "--port", str(port), "--host", host]
     return [sys.executable, "-m", "dagster_dg_cli.cli", "dev", "--port", str(port), "--host", host]
 

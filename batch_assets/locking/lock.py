@@ -21,7 +21,9 @@ import sqlalchemy as sa
 
 from batch_assets.db.engine import describe_target
 from batch_assets.errors import LockStoreUnavailable, cause_line
+from batch_assets.extras import needs_extra
 from batch_assets.locking.owner import provably_dead
+from batch_assets.settings import REDIS_URL_VAR
 
 log = logging.getLogger(__name__)
 
@@ -241,10 +243,12 @@ class RedisJobLock:
     """The job lock as a Redis key: SET NX PX, Lua compare-and-extend and compare-and-delete."""
 
     def __init__(self, redis_url: str, *, key_prefix: str = REDIS_KEY_PREFIX, timeout_s: float = 5.0) -> None:
-        # Imported here: only a deployment that sets BATCH_ASSETS_REDIS_URL pays for the client (start-up, issue 20).
-        import redis
-        from redis.backoff import ExponentialWithJitterBackoff
-        from redis.retry import Retry
+        # Imported here: only a deployment that sets BATCH_ASSETS_REDIS_URL pays for the client (start-up), and only
+        # it needs the `redis` extra.
+        with needs_extra(needed_by="the Redis job lock", field=REDIS_URL_VAR):
+            import redis
+            from redis.backoff import ExponentialWithJitterBackoff
+            from redis.retry import Retry
 
         parsed = redis.connection.parse_url(redis_url)
         self._target = f"{parsed.get('host', 'localhost')}:{parsed.get('port', 6379)}"

@@ -15,6 +15,10 @@ tagged `LOST_WORKER_TAG` and its launcher leaves the run's lease and lock to exp
 their last renewal) instead of giving them back; meanwhile every write of the lost step is fenced on them.
 
 The broker is Redis (broker and result backend) or RabbitMQ (`amqp://`, results over `rpc://`).
+
+dagster-celery comes with the `celery` extra and is imported only when a run on this executor starts: a job that
+names the executor loads without it (its executor config is then not checked field by field), and a run on it
+stops with one line naming the extra.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ import time
 from typing import Any
 
 import dagster as dg
-from dagster_celery import celery_executor
-from dagster_celery.executor import CELERY_CONFIG, CeleryExecutor
+
+from batch_assets.extras import installed, needs_extra
 
 CELERY_BROKER_VAR = "BATCH_ASSETS_CELERY_BROKER_URL"
 DEFAULT_CELERY_BROKER = "redis://127.0.0.1:6379/0"
@@ -154,14 +158,25 @@ class WatchedResult:
         self.inner.revoke()
 
 
-class WorkerWaitingCeleryExecutor(CeleryExecutor):
-    """CeleryExecutor that fails the run when no worker shows up within worker_wait_s, and fails a step whose
-    worker is lost (silent for worker_lost_s) instead of waiting for its result for ever."""
+class WorkerWaitingCeleryExecutor(dg.Executor):
+    """dagster-celery's CeleryExecutor that fails the run when no worker shows up within worker_wait_s, and fails a
+    step whose worker is lost (silent for worker_lost_s) instead of waiting for its result for ever.
 
-    def __init__(self, *, worker_wait_s: float, worker_lost_s: float = DEFAULT_WORKER_LOST_S, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    It wraps the library's executor (built by the library from the same config: retries, include, config_source)
+    instead of subclassing it, so that this module imports dagster-celery only when a run starts."""
+
+    def __init__(self, celery: Any, *, worker_wait_s: float, worker_lost_s: float = DEFAULT_WORKER_LOST_S) -> None:
+        self.celery = celery
         self.worker_wait_s = worker_wait_s
         self.worker_lost_s = worker_lost_s
+
+    @property
+    def retries(self) -> Any:
+        return self.celery.retries
+
+    def app_args(self) -> Any:
+        """The celery app's arguments (dagster-celery's execution loop builds its app from them)."""
+        return self.celery.app_args()
 
     def execute(self, plan_context: Any, execution_plan: Any) -> Any:
         from dagster_celery.core_execution_loop import core_celery_execution_loop
@@ -184,10 +199,10 @@ class WorkerWaitingCeleryExecutor(CeleryExecutor):
             app.close()
 
 
-@dg.executor(
-    name="celery",
-    config_schema={
-        **{k: v for k, v in CELERY_CONFIG.items() if k not in ("broker", "backend")},
+def _config_schema() -> Any:
+    """dagster-celery's executor config (but its broker and backend) with ours; without the library, any config
+    (the run then stops on the missing extra before it reads any)."""
+    own = {
         "broker": dg.Field(
             str, is_required=False,
             description=f"URL of the celery broker: redis:// (also the result backend) or amqp:// (RabbitMQ, results "
@@ -203,10 +218,20 @@ class WorkerWaitingCeleryExecutor(CeleryExecutor):
             description=f"Fail the run when no celery worker consumes the queue within this many seconds "
             f"(at most {MAX_WORKER_WAIT_S:g}).",
         ),
-    },
+    }
+    if not installed("dagster_celery"):
+        return dg.Permissive(own)
+    from dagster_celery.executor import CELERY_CONFIG
+
+    return {**{k: v for k, v in CELERY_CONFIG.items() if k not in ("broker", "backend")}, **own}
+
+
+@dg.executor(
+    name="celery",
+    config_schema=_config_schema(),
     requirements=dg.multiple_process_executor_requirements(),
 )
-def celery_on_redis_executor(init_context: dg.InitExecutorContext) -> CeleryExecutor:
+def celery_on_redis_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
     """dagster-celery's executor on Redis or RabbitMQ, failing fast without a worker and on a lost worker."""
     config = init_context.executor_config
     wait_s = float(str(config.get("worker_wait_s", DEFAULT_WORKER_WAIT_S)))
@@ -216,6 +241,8 @@ def celery_on_redis_executor(init_context: dg.InitExecutorContext) -> CeleryExec
             raise dg.DagsterInvalidConfigError(
                 f"{name} must be in (0, {MAX_WORKER_WAIT_S:g}], got {value}", [], config
             )
+    with needs_extra():
+        from dagster_celery.executor import CeleryExecutor, celery_executor
     create = celery_executor.executor_creation_fn
     if create is None:  # dagster-celery always defines it; a release that did not would be a packaging error
         raise dg.DagsterInvariantViolationError("dagster_celery.celery_executor has no creation function")
@@ -223,8 +250,6 @@ def celery_on_redis_executor(init_context: dg.InitExecutorContext) -> CeleryExec
     if not isinstance(base, CeleryExecutor):
         raise dg.DagsterInvariantViolationError(f"expected a CeleryExecutor, got {type(base).__name__}")
     broker = str(config.get("broker") or celery_broker_url())
-    return WorkerWaitingCeleryExecutor(
-        worker_wait_s=wait_s, worker_lost_s=lost_s, retries=base.retries, broker=broker,
-        backend=result_backend_for(broker), include=base.include,
-        config_source=dict(vars(base.config_source)),
-    )
+    celery = CeleryExecutor(retries=base.retries, broker=broker, backend=result_backend_for(broker),
+                            include=base.include, config_source=dict(vars(base.config_source)))
+    return WorkerWaitingCeleryExecutor(celery, worker_wait_s=wait_s, worker_lost_s=lost_s)

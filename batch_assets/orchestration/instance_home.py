@@ -13,23 +13,34 @@ leaves out of the storage's imports (`no_template_highlighting`), both for start
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 
 from batch_assets.errors import ConfigError
+from batch_assets.extras import installed, missing_extra_error
 from batch_assets.settings import DAGSTER_PG_URL_VAR, Settings
 
 SQLITE_TEMPLATE = "dagster.yaml"
 POSTGRES_TEMPLATE = "dagster.postgres.yaml"
+TEMPLATES = (SQLITE_TEMPLATE, POSTGRES_TEMPLATE)
+"""The instance files of batch_assets, package data in `orchestration/templates/` (installed with the wheel)."""
+
+
+def instance_template(name: str) -> bytes:
+    """The instance file `name` (one of TEMPLATES) as the package ships it."""
+    if name not in TEMPLATES:
+        raise ValueError(f"no instance template {name!r}")
+    return (resources.files("batch_assets.orchestration") / "templates" / name).read_bytes()
 
 
 def repo_root() -> Path:
-    """The repository (the package is installed editable): where workspace.yaml and dagster*.yaml live."""
+    """This checkout, when the package is installed editable: where workspace.yaml lives. Nothing the installed
+    package needs at run time is read from here."""
     return Path(__file__).resolve().parents[2]  # .../batch_assets/orchestration/instance_home.py; not via
     # `import batch_assets`, whose __init__ imports a domain (this module sits below the domains' layer)
 
@@ -48,8 +59,10 @@ def write_instance_config(settings: Settings) -> Path:
     target = home / "dagster.yaml"
     try:
         home.mkdir(parents=True, exist_ok=True)
-        if not target.exists() or target.read_bytes() == (repo_root() / other).read_bytes():
-            shutil.copyfile(repo_root() / wanted, target)
+        if not target.exists() or target.read_bytes() == instance_template(other):
+            if wanted == POSTGRES_TEMPLATE and not installed("dagster_postgres"):  # the instance could not load
+                raise missing_extra_error("dagster_postgres")
+            target.write_bytes(instance_template(wanted))
     except OSError as exc:
         raise ConfigError(f"cannot write the Dagster instance file {target}: {exc.strerror}",
                           field="DAGSTER_HOME") from None

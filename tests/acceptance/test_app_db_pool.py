@@ -22,11 +22,12 @@ import psutil
 import pytest
 import sqlalchemy as sa
 import yaml
-from _cli import REPO, CliProcess, execute, run_cli, seed_customers, summary_run_date, wait_for
+from _cli import CliProcess, execute, run_cli, seed_customers, summary_run_date, wait_for
 from helpers import sensor_resources
 
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.orchestration.budget import APP_DATABASE_POOL, pool_limit
+from batch_assets.orchestration.instance_home import TEMPLATES, instance_template
 from batch_assets.orchestration.watchdog import waiting_for_slot
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -108,8 +109,8 @@ def _blocked_events(instance: dg.DagsterInstance, run_id: str) -> list[str]:
 def test_instance_files_put_the_pool_limit_from_the_budget() -> None:
     """Both instance files limit the pool by the budget's arithmetic (10 at the defaults) at op granularity, and
     tell the daemon to free a finished run's slots."""
-    for name in ("dagster.yaml", "dagster.postgres.yaml"):
-        config = yaml.safe_load((REPO / name).read_text())
+    for name in TEMPLATES:
+        config = yaml.safe_load(instance_template(name))
         assert config["concurrency"]["pools"] == {"default_limit": pool_limit(SweepSettings()), "granularity": "op"}
         assert config["run_monitoring"]["free_slots_after_run_end_seconds"] > 0
     assert pool_limit(SweepSettings()) == 10

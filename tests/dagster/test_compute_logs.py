@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from batch_assets.orchestration.compute_logs import MIRROR_CHUNK, MirroredComputeLogManager, mirrored
-from batch_assets.orchestration.instance_home import repo_root
+from batch_assets.orchestration.instance_home import TEMPLATES, instance_template
 
 MANAGER = {"module": "batch_assets.orchestration.compute_logs", "class": "MirroredComputeLogManager"}
 
@@ -43,8 +43,8 @@ def talkative_job() -> None:
 
 def test_both_instance_files_name_the_mirrored_manager() -> None:
     """dagster.yaml and dagster.postgres.yaml (what `batch-assets` copies into DAGSTER_HOME) use it."""
-    for name in ("dagster.yaml", "dagster.postgres.yaml"):
-        config = yaml.safe_load((repo_root() / name).read_text())
+    for name in TEMPLATES:
+        config = yaml.safe_load(instance_template(name))
         assert config["compute_logs"] == MANAGER, name
 
 

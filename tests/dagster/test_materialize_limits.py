@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -13,7 +12,7 @@ from batch_assets.definitions import PROJECT
 from batch_assets.definitions import defs as load_defs
 from batch_assets.orchestration.code_location import job_origin
 from batch_assets.orchestration.coordinator import BatchAssetsRunCoordinator
-from batch_assets.orchestration.instance_home import repo_root
+from batch_assets.orchestration.instance_home import instance_template
 from batch_assets.reference.customer_status.dagster import SWEEP_ASSET_KEYS, SWEEP_TAGS
 from batch_assets.settings import Settings
 
@@ -27,7 +26,7 @@ def project_instance(dagster_env: Settings) -> dg.DagsterInstance:
     """The instance the project's own dagster.yaml gives (what `batch-assets` writes into DAGSTER_HOME)."""
     home = Path(os.environ["DAGSTER_HOME"])
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(repo_root() / "dagster.yaml", home / "dagster.yaml")
+    (home / "dagster.yaml").write_bytes(instance_template("dagster.yaml"))
     return dg.DagsterInstance.get()
 
 

@@ -50,13 +50,13 @@ def test_instance_file_validates_against_dagster_schema(tmp_path: Path, monkeypa
     """Both instance files load with Dagster's own instance schema: run monitoring and the concurrency section."""
     from dagster._core.instance.config import dagster_instance_config
 
-    from batch_assets.orchestration.instance_home import repo_root
+    from batch_assets.orchestration.instance_home import TEMPLATES, instance_template
 
     monkeypatch.setenv("BATCH_ASSETS_DAGSTER_PG_URL", "postgresql://u@127.0.0.1:5432/d")
-    for name in ("dagster.yaml", "dagster.postgres.yaml"):
+    for name in TEMPLATES:
         home = tmp_path / name
         home.mkdir()
-        (home / "dagster.yaml").write_bytes((repo_root() / name).read_bytes())
+        (home / "dagster.yaml").write_bytes(instance_template(name))
         config, _ = dagster_instance_config(str(home))
         assert config["run_monitoring"]["start_timeout_seconds"] == 180
         assert config["concurrency"]["runs"]["max_concurrent_runs"] == 10

@@ -7,7 +7,6 @@ started (not to its group) must still leave none of them running.
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -18,6 +17,7 @@ import pytest
 from ui_server import BIN, REPO, UiServer, wait_gone
 
 from batch_assets.cli.ui import still_running
+from batch_assets.orchestration.instance_home import instance_template
 from batch_assets.settings import environ_without_product
 
 pytestmark = [pytest.mark.dagster]
@@ -60,7 +60,7 @@ print("loaded")
 def _clean_env(tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    (home / "dagster.yaml").write_bytes(instance_template("dagster.yaml"))
     env = environ_without_product()
     env.update(DAGSTER_HOME=str(home))
     return env

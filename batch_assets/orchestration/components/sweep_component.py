@@ -50,6 +50,7 @@ from batch_assets.orchestration.components.common import (
     schedule_default,
     url_getter,
 )
+from batch_assets.orchestration.components.scaffold import SweepScaffolder
 from batch_assets.orchestration.defaults import REPOSITORY, TEAM, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.plugins import load_function
@@ -70,6 +71,7 @@ def _identifiers(values: list[str], what: str) -> list[str]:
     return values
 
 
+@dg.scaffold_with(SweepScaffolder)
 class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     """A declared sweep of a team's own table: one job and one asset named `name`."""
 

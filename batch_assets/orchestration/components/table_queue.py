@@ -34,6 +34,7 @@ from batch_assets.orchestration.components.common import (
     own_resources,
     url_getter,
 )
+from batch_assets.orchestration.components.scaffold import TableQueueScaffolder
 from batch_assets.orchestration.defaults import TEAM, LocationDefaults
 from batch_assets.orchestration.queue_job import QueueJob, build_queue_job, job_name
 from batch_assets.orchestration.spec import JobSpec
@@ -45,6 +46,7 @@ class QueueBackoff(Backoff, dg.Model):
     """`backoff: {base_s, max_s}` as Dagster's resolution reads it (the same model)."""
 
 
+@dg.scaffold_with(TableQueueScaffolder)
 class TableQueueComponent(dg.Component, dg.Resolvable, QueueDeclaration):
     """A PostgreSQL task queue over a table holding the payments' queue columns."""
 
