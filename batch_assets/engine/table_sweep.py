@@ -1,18 +1,28 @@
 # ruff: noqa: S608 — statements are built from quoted identifiers of catalog columns; every value is bound.
 """The sweep a `SweepComponent` declares, as an engine plug-in: statements built from the declared columns.
 
-Row = (key, every other declared column in declaration order, the due column when it is not declared).
-Every identifier in a statement is a quoted column the catalog has (`components.table`); every value is a
-bound parameter. `compute(row, run_date)` gets a mapping of the declared columns and returns a mapping of
-exactly the `writes` columns:
+Row = (key, every other declared column in declaration order, the due column when it is not declared, the columns
+`where` names that are not declared). Every identifier in a statement is a quoted column the catalog has
+(`components.table`); every value is a bound parameter. `compute(row, run_date)` gets a mapping of the declared
+columns and returns a mapping of exactly the `writes` columns:
 
 * `RowFailure(kind)` is the row's own failure: `failed_by_type[kind]`, not systemic, nothing written (with
-  `due`, the row stays due);
-* any other exception, a result that is not a mapping of exactly the `writes` columns, or a kind that is
-  not a short lower-case word is `compute_error`, systemic (it feeds the breaker);
+  `due`, the row stays due); a kind that is not a short lower-case word of letters and `_` (or not a str) is
+  counted under `invalid_failure_kind` instead, and its text is never shown;
+* any other exception, or a result that is not a mapping of exactly the `writes` columns, is `compute_error`,
+  systemic (it feeds the breaker);
+* a result whose value does not fit its column's type (an int for a text column, a str for an integer column, a
+  datetime for a date column, ...) is `invalid_result`, systemic: never cast on the way in (`Column.python_types`);
 * a result equal to what is stored is not written;
-* the page write (one statement) applies a row only if every column read still holds the value read and
-  the row still matches `where`; the others are conflicts, left as the other writer left them.
+* the page write (one statement) applies a row only if every column read still holds the value read; the others
+  are conflicts, left as the other writer left them.
+
+`where` selects the rows to read (pages, range bounds, the overdue count) and never takes part in a write
+statement: pasted into the write, text that escapes its parentheses could rewrite the write's own fence. The
+fence is the values read. The columns of the table that `where` names are read with every page for that reason
+(not handed to `compute`), so a row another writer moved out of `where` between the read and the write (its
+`status` changed, say) still holds a value other than the one read: a conflict, as before. What `where` reads
+elsewhere (a subquery on another table) is not fenced: the row is written from the values its own columns held.
 
 Sensitive columns are compared in SQL only: they never appear in a log line, a cursor, a checkpoint or an
 event. Neither does any value of a row: logs name rows by key (or not at all when the key is sensitive).
@@ -26,12 +36,12 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
 from batch_assets.engine.definition import UNCHANGED, RowOutcome, SqlReader, Sweep, WriteCounts
-from batch_assets.engine.failures import COMPUTE_ERROR, KIND_RE
+from batch_assets.engine.failures import COMPUTE_ERROR, INVALID_FAILURE_KIND, INVALID_RESULT, is_kind
 from batch_assets.engine.ranges import CursorRange, key_json, key_value, quote
 from batch_assets.engine.table import Column, Table
 from batch_assets.errors import ConfigError, RowFailure
@@ -60,6 +70,8 @@ class SweepTarget:
     compute: Compute
     outbox: str = "outbox_events"
     """The outbox table its events go to (this repository's, or the library's own in a team's project)."""
+    where_columns: tuple[str, ...] = ()
+    """The table's columns `where` names: read with every page so that the write's fence covers them."""
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -166,6 +178,9 @@ class DeltaReader(_Reader):
 class DeclaredSweep(Sweep):
     """delta (with `due`: rows whose due date is NULL or on or before the run date) | full (cursor ranges)."""
 
+    max_page_size: ClassVar[int] = min(FullReader.max_page_size, DeltaReader.max_page_size)
+    """The largest settings.page_size a declared sweep takes: what its readers allow (one page write carries it)."""
+
     def __init__(self, target: SweepTarget, mode: str, run_date: date) -> None:
         if mode not in target.modes:
             raise ConfigError(f"must be one of {', '.join(target.modes)}, got {mode!r}", field="mode")
@@ -177,6 +192,8 @@ class DeclaredSweep(Sweep):
         others = [table.columns[c] for c in target.columns if c != key.name]
         if target.due is not None and target.due.name not in target.columns:
             others.append(target.due)
+        fenced = {key.name, *(c.name for c in others)}
+        others.extend(table.columns[c] for c in target.where_columns if c not in fenced)
         self.read: tuple[Column, ...] = (key, *others)
         position = {c.name: i for i, c in enumerate(self.read)}
         self._writes = tuple((name, position[name]) for name in target.writes)
@@ -186,6 +203,8 @@ class DeclaredSweep(Sweep):
         self._stored = _picker(tuple(i for _, i in self._writes))
         self._new = _picker(tuple(target.writes))
         self._n_writes = len(self._write_set)
+        self._fits = _type_checker(tuple(table.columns[name].python_types for name in target.writes))
+        self._told_types = False
         by_due = target.due is not None and target.due.name not in target.sensitive
         sql = _statements(target, self.read, by_due)
         self._sql = sql
@@ -207,13 +226,10 @@ class DeclaredSweep(Sweep):
         try:
             result = self._compute(given, self.run_date)
         except RowFailure as failure:
+            # The row's own data: counted under its kind, never systemic (like a known bad row). A kind that is no
+            # short word may have been built from the row's values: counted under a name of the product's own.
             kind = failure.kind
-            if isinstance(kind, str) and KIND_RE.fullmatch(kind):
-                # The row's own data: counted under its kind, never systemic (like a known bad row).
-                return RowOutcome(None, kind, 0, True)
-            log.warning("sweep %s: RowFailure kind is not a short lower-case word for %s", self.name,
-                        self.describe(row))
-            return RowOutcome(None, COMPUTE_ERROR)
+            return RowOutcome(None, kind if is_kind(kind) else INVALID_FAILURE_KIND, 0, True)
         except Exception as exc:  # noqa: BLE001 — the team's function: any defect is counted, systemic
             log.warning("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
@@ -230,7 +246,23 @@ class DeclaredSweep(Sweep):
             return self._not_the_writes(result, row)
         if new == self._stored(row):
             return UNCHANGED
+        if self._fits is not None and not self._fits(new):
+            return self._wrong_type(new)
         return RowOutcome((row, new))
+
+    def _wrong_type(self, new: Sequence[Any]) -> RowOutcome:
+        """A result value whose type does not fit its column: invalid_result (told once per sweep, by column and
+        type names only)."""
+        if not self._told_types:
+            self._told_types = True
+            columns = self.target.table.columns
+            wrong = [(name, columns[name].sql_type, type(value).__name__)
+                     for (name, _), value in zip(self._writes, new, strict=True)
+                     if value is not None and type(value) not in (columns[name].python_types or (type(value),))]
+            log.warning("sweep %s: compute returned %s; counted as %s, nothing written", self.name,
+                        ", ".join(f"{kind} for {name} ({sql_type})" for name, sql_type, kind in wrong),
+                        INVALID_RESULT)
+        return RowOutcome(None, INVALID_RESULT)
 
     def _not_the_writes(self, result: Any, row: Sequence[Any]) -> RowOutcome:
         """A result that is not exactly the declared writes: compute_error, with the keys it had (names only)."""
@@ -260,6 +292,27 @@ def _dict_builder(names: tuple[str, ...], positions: tuple[int, ...]) -> Callabl
     name (a str literal, whatever the name) and integer positions, never a value."""
     body = ", ".join(f"{name!r}: row[{int(i)}]" for name, i in zip(names, positions, strict=True))
     return eval(f"lambda row: {{{body}}}", {"__builtins__": {}})  # noqa: S307 — literals only, see above
+
+
+def _type_checker(allowed: tuple[frozenset[type] | None, ...]) -> Callable[[Sequence[Any]], bool] | None:
+    """`new` → whether each value is NULL or of a Python type its column takes (None: no column is checked).
+
+    An exact type test per value (`type(v) in allowed`): bool is not an int, datetime not a date."""
+    checked = tuple((i, types) for i, types in enumerate(allowed) if types is not None)
+    if not checked:
+        return None
+    if len(checked) == 1:
+        ((only, types),) = checked
+        return lambda new: new[only] is None or type(new[only]) in types
+
+    def fits(new: Sequence[Any]) -> bool:
+        for i, types in checked:
+            value = new[i]
+            if value is not None and type(value) not in types:
+                return False
+        return True
+
+    return fits
 
 
 def _picker(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:
@@ -338,7 +391,6 @@ def _write_statement(target: SweepTarget, read: tuple[Column, ...]) -> str:
     still = " AND ".join(
         _same(column, f"{relation}.{column.ident}", f"__ba_v.__ba_o{i}") for i, column in enumerate(read[1:], start=1)
     )
-    where = f" AND (\n{target.where}\n)" if target.where else ""
     position = {c.name: i for i, c in enumerate(read)}
     returned = ", ".join(
         [f"{relation}.{target.key.ident} AS __ba_k"]
@@ -351,7 +403,7 @@ WITH __ba_v AS (
 ), __ba_updated AS (
     UPDATE {relation} SET {assignments}
       FROM __ba_v
-     WHERE {relation}.{target.key.ident} = __ba_v.__ba_k{' AND ' + still if still else ''}{where}
+     WHERE {relation}.{target.key.ident} = __ba_v.__ba_k{' AND ' + still if still else ''}
     RETURNING {returned}
 )"""
     events = "0"
