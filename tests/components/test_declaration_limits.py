@@ -235,3 +235,67 @@ def test_compute_results_are_never_cast_into_their_column(env: dict[str, str], d
     assert summary["changed"] == 0
     assert counts(accounts)[0] == 0, "nothing written: no tier stored as '7'"
 
+
+
+# --- in a team's own Dagster project -------------------------------------------------------------------------------
+
+TEAM_PYPROJECT = """[project]
+name = "team"
+version = "0.1"
+
+[tool.dg]
+directory_type = "project"
+
+[tool.dg.project]
+root_module = "team"
+"""
+TEAM_DEFINITIONS = """from pathlib import Path
+
+import dagster as dg
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+"""
+
+
+@pytest.fixture
+def team(tmp_path: Path) -> Path:
+    """A team's dg project whose defs folder holds the README example (as `loyalty`)."""
+    root = tmp_path / "team_project"
+    (root / "team" / "defs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(TEAM_PYPROJECT)
+    (root / "team" / "__init__.py").write_text("")
+    (root / "team" / "defs" / "__init__.py").write_text("")
+    (root / "team" / "definitions.py").write_text(TEAM_DEFINITIONS)
+    shutil.copytree(EXAMPLE, root / "team" / "defs" / "loyalty")
+    return root
+
+
+def run_in(root: Path, env: dict[str, str], *args: str) -> CliResult:
+    import subprocess
+
+    from _cli import cli_command
+
+    proc = subprocess.run(cli_command(*args), env=env, cwd=root, capture_output=True, text=True, timeout=120)
+    return CliResult(args, proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_a_teams_project_refuses_the_same_declarations(cli_env: dict[str, str], accounts: sa.Engine,
+                                                       team: Path) -> None:
+    """The CLI in a team's dg project reads its declarations as Dagster loads them: a hostile `where`, a second
+    declaration of one name and a defs.yaml past the size limit are each exit 2 naming the file and the attribute,
+    as under BATCH_ASSETS_DEFS_DIR."""
+    defs = team / "team" / "defs"
+    assert run_in(team, cli_env, "jobs", "list").returncode == EXIT_OK
+    loyalty = defs / "loyalty" / "defs.yaml"
+    original = loyalty.read_text()
+    loyalty.write_text(original.replace("where: \"status = 'OPEN'\"", "where: \"status = 'CLOSED') OR (true\""))
+    refused(run_in(team, cli_env, "jobs", "list"), loyalty, "where")
+    loyalty.write_text(original)
+    shutil.copytree(defs / "loyalty", defs / "other")
+    refused(run_in(team, cli_env, "jobs", "list"), defs / "other" / "defs.yaml", "name")
+    shutil.rmtree(defs / "other")
+    loyalty.write_text(original + ("# " + "x" * 1022 + "\n") * 1100)
+    refused(run_in(team, cli_env, "jobs", "list"), loyalty, "size")
