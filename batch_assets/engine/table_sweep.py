@@ -22,7 +22,8 @@ statement: pasted into the write, text that escapes its parentheses could rewrit
 fence is the values read. The columns of the table that `where` names are read with every page for that reason
 (not handed to `compute`), so a row another writer moved out of `where` between the read and the write (its
 `status` changed, say) still holds a value other than the one read: a conflict, as before. What `where` reads
-elsewhere (a subquery on another table) is not fenced: the row is written from the values its own columns held.
+elsewhere (a subquery on another table), and a column whose type has no equality (a point), are not fenced: the
+row is written from the values its own columns held.
 
 Sensitive columns are compared in SQL only: they never appear in a log line, a cursor, a checkpoint or an
 event. Neither does any value of a row: logs name rows by key (or not at all when the key is sensitive).
@@ -71,7 +72,7 @@ class SweepTarget:
     outbox: str = "outbox_events"
     """The outbox table its events go to (this repository's, or the library's own in a team's project)."""
     where_columns: tuple[str, ...] = ()
-    """The table's columns `where` names: read with every page so that the write's fence covers them."""
+    """The table's columns `where` names (those with an equality): read with every page so the write fences them."""
 
     @property
     def modes(self) -> tuple[str, ...]:

@@ -101,7 +101,7 @@ class Project:
             cached = self._cache.get("vetted")
             if cached is not None and cached[0] is found:
                 return cached[1], cached[2]
-            reserved = self.reserved_names()
+            reserved = self.reserved_names() if found.components else frozenset()  # (imports the own queues)
             seen: dict[str, Path] = {}
             ok: list[Any] = []
             errors: list[ConfigError] = list(found.errors)

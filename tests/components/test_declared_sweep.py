@@ -349,3 +349,19 @@ def test_where_selects_and_the_values_read_fence(accounts: sa.Engine, functions:
     assert left.tier is None and written.tier == "VIP"
     write = DeclaredSweep(declared.target(accounts), "full", RUN_DATE)._sql["write"].text  # noqa: SLF001
     assert "vip" not in write and "OPEN" not in write, "where is never pasted into the write"
+
+
+def test_a_where_column_without_equality_is_read_but_not_fenced(engine: sa.Engine, functions: Path) -> None:
+    """`where` on a point column (no `=` for points): the sweep selects by it and writes every row it read."""
+    write_module(functions, "places", """
+        def compute(row, run_date):
+            return {"label": "near"}
+    """)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE places (id integer PRIMARY KEY, spot point NOT NULL, label text)"))
+        conn.execute(sa.text("INSERT INTO places SELECT g, point(g, g), NULL FROM generate_series(1, 100) AS g"))
+    declared = SweepComponent.from_attributes_dict(attributes={
+        "name": "places", "table": "places", "key": "id", "columns": ["id", "label"],
+        "where": "spot <@ box '((0,0),(40,40))'", "compute": "places:compute", "writes": ["label"]})
+    result = sweep(engine, declared)
+    assert result.status == "SUCCESS" and (result.scanned, result.changed, result.failed) == (40, 40, 0), result

@@ -37,7 +37,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from batch_assets.db.catalog import key_problem
 from batch_assets.engine.ranges import plan_ranges
-from batch_assets.engine.table import KEY_TYPES, Table, read_table, split_name
+from batch_assets.engine.table import KEY_TYPES, Column, Table, read_table, split_name
 from batch_assets.engine.table_sweep import Compute, DeclaredSweep, SweepTarget
 from batch_assets.engine.where import parse_where
 from batch_assets.errors import ConfigError, error_text
@@ -246,12 +246,15 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
                     raise ConfigError(f"{self.table} has no column {self.due!r}", field="due")
                 if due.base_type != "date":
                     raise ConfigError(f"must be a date column, {self.due} is {due.sql_type}", field="due")
+            where_columns: tuple[str, ...] = ()
             if self.where is not None:
                 _check_where(conn, table, self.where)
+                read = {self.key, *self.columns, *((self.due,) if self.due else ())}
+                where_columns = _where_columns(conn, table, self.where, read)
         return SweepTarget(
             name=self.name, table=table, key=key, kind=kind, columns=tuple(self.columns), due=due,
             writes=tuple(self.writes), sensitive=frozenset(self.sensitive), where=self.where, event=self.event,
-            compute=compute, outbox=outbox, where_columns=_where_columns(table, self.where),
+            compute=compute, outbox=outbox, where_columns=where_columns,
         )
 
     def check_database(self, engine: sa.Engine) -> None:
@@ -348,12 +351,30 @@ def _check_where(conn: sa.Connection, table: Table, where: str) -> None:
         raise ConfigError(f"not a valid condition on {table.name}: {error_text(exc)}", field="where") from None
 
 
-def _where_columns(table: Table, where: str | None) -> tuple[str, ...]:
-    """The table's columns `where` names, in the table's order (read with every page: the write fences them)."""
-    if where is None:
-        return ()
+def _where_columns(conn: sa.Connection, table: Table, where: str, read: set[str]) -> tuple[str, ...]:
+    """The table's columns `where` names that are not read anyway, in the table's order: read with every page so the
+    write fences them. A column whose type has no equality (point, xml, ...) cannot be fenced and is left out."""
     named = parse_where(where).columns
-    return tuple(name for name in table.columns if name in named)
+    fenced = []
+    for name in table.columns:
+        if name not in named or name in read:
+            continue
+        column = table.columns[name]
+        if not column.is_json and not _comparable(conn, table, column):
+            continue
+        fenced.append(name)
+    return tuple(fenced)
+
+
+def _comparable(conn: sa.Connection, table: Table, column: Column) -> bool:
+    """Whether the page write can compare the column's stored value with the value read (`IS NOT DISTINCT FROM`)."""
+    try:
+        with conn.begin_nested():
+            conn.execute(sa.text(f"EXPLAIN SELECT 1 FROM {table.relation} "  # noqa: S608 — a catalog column, quoted
+                                 f"WHERE {column.ident} IS NOT DISTINCT FROM {column.ident}"))
+    except sa.exc.DBAPIError:
+        return False
+    return True
 
 
 def _range_planner(target: SweepTarget, where: str | None) -> Callable[[sa.Connection, int], list[Any]]:
