@@ -173,8 +173,8 @@ def build(path: Path, cls: type, attributes: dict[str, Any]) -> Any:
             raise validation_error(path, exc) from None
         except ConfigError as exc:
             raise from_config_error(path, exc) from None
-        except ResolutionException:
-            raise template_error(path, cls, attributes) from None
+        except ResolutionException as exc:
+            raise template_error(path, cls, exc, attributes) from None
         except Exception as exc:  # noqa: BLE001 — a resolution failure of the team's file
             raise DeclarationError(path, "attributes", f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
         check = getattr(component, "check_static", None)
@@ -236,36 +236,49 @@ def _rendered(cls: type, attributes: dict[str, Any]) -> set[str]:
             if rendered is not None and str(rendered) and str(rendered) != value:
                 found.add(str(rendered))
 
+    literal = _literal(cls)
     for name, value in attributes.items():
-        if name not in _taken_as_written(cls):
+        if name not in literal:
             walk(value)
     return found
 
 
-def _taken_as_written(cls: type) -> set[str]:
-    """The attributes whose resolver takes them as written (no template rendered first): where, database_url."""
+def as_written(context: Any, raw: Any) -> Any:
+    """A Dagster resolver's function for an attribute taken exactly as the defs.yaml has it: never a template."""
+    return raw
+
+
+def _literal(cls: type) -> set[str]:
+    """The attributes taken as written (`as_written`, e.g. a sweep's `where`): no template is ever rendered there."""
     return {name for name, info in getattr(cls, "model_fields", {}).items()
-            if any(getattr(m, "inject_before_resolve", True) is False for m in info.metadata)}
+            if any(getattr(getattr(m, "fn", None), "callable", None) is as_written for m in info.metadata)}
 
 
-def template_error(path: Path, cls: type, attributes: dict[str, Any]) -> DeclarationError:
-    """The DeclarationError of the attribute whose Dagster template does not render: each attribute is rendered on
-    its own to find it (`where` and `database_url` are never rendered here: their resolvers take them as written).
-    Only the template's own words are shown (an undefined name, a syntax error), never what a variable holds."""
+def template_error(path: Path, cls: type, exc: Exception, attributes: dict[str, Any]) -> DeclarationError:
+    """The DeclarationError of the attribute whose Dagster template does not render: the field Dagster names, else
+    each attribute rendered on its own until one fails (an attribute taken as written never is). Only the
+    template's own words are shown (an undefined name, a syntax error), never what a variable holds."""
+    import re
+
     import dagster as dg
     from dagster.components.resolved.errors import ResolutionException
 
+    named = re.search(r"Resolver for field '([A-Za-z_][A-Za-z0-9_]*)'", str(exc))
+    if named is not None:  # the component's own resolver refused the value: its ValueError says why, without it
+        last = [line.strip() for line in str(exc).splitlines() if line.strip()][-1]
+        reason = last.split(": ", 1)[1] if last.startswith("ValueError: ") else _template_reason(exc)
+        return DeclarationError(path, named.group(1), reason)
     context = dg.ResolutionContext.default()
-    unrendered = _taken_as_written(cls)
+    literal = _literal(cls)
     for name, value in attributes.items():
-        if name in unrendered:
+        if name in literal:
             continue
         try:
             context.at_path(name).resolve_value(value)
-        except ResolutionException as exc:
-            return DeclarationError(path, str(name), f"its template does not render: {_template_reason(exc)}")
-        except Exception as exc:  # noqa: BLE001 — a scope that raised: its type only (its text may hold a value)
-            return DeclarationError(path, str(name), f"its template does not render: {type(exc).__name__}")
+        except ResolutionException as failed:
+            return DeclarationError(path, str(name), f"its template does not render: {_template_reason(failed)}")
+        except Exception as failed:  # noqa: BLE001 — a scope that raised: its type only (its text may hold a value)
+            return DeclarationError(path, str(name), f"its template does not render: {type(failed).__name__}")
     return DeclarationError(path, "attributes", "a template does not render")
 
 
@@ -277,9 +290,10 @@ def _template_reason(exc: Exception) -> str:
         if line.startswith("UndefinedError:"):
             return line.split(", available scope is")[0]
     last = lines[-1] if lines else ""
-    kind = last.split(":", 1)[0].rsplit(".", 1)[-1]
-    if kind == "TemplateSyntaxError":
-        return last.rsplit(".", 1)[-1] if ":" not in last else f"TemplateSyntaxError:{last.split(':', 1)[1]}"
+    kind, _, said = last.partition(": ")
+    kind = kind.rsplit(".", 1)[-1]
+    if kind == "TemplateSyntaxError":  # about the template's own text
+        return f"{kind}: {said}"
     return kind or type(exc).__name__
 
 

@@ -55,6 +55,7 @@ from batch_assets.orchestration.components.common import (
     schedule_default,
     url_getter,
 )
+from batch_assets.orchestration.components.loader import as_written
 from batch_assets.orchestration.defaults import REPOSITORY, TEAM, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.sweep_job.definition import DeltaFullSettings, FullSettings
@@ -76,13 +77,8 @@ def _identifiers(values: list[str], what: str) -> list[str]:
     return values
 
 
-def _as_written(context: dg.ResolutionContext, raw: Any) -> Any:
-    """`where` exactly as the defs.yaml has it: SQL is never rendered as a template."""
-    return raw
-
-
 WHERE_RESOLVER = dg.Resolver(
-    _as_written, model_field_type=str | None, inject_before_resolve=False,
+    as_written, model_field_type=str | None, inject_before_resolve=False,
     description="Optional SQL condition selecting the rows to read, e.g. \"status = 'OPEN'\". Taken as written (no "
     "template), run with the product's database role; one condition by PostgreSQL's grammar.",
 )
