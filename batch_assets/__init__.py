@@ -103,6 +103,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "build_queue_job": ("batch_assets.orchestration.queue_job", "build_queue_job"),
     "JobSpec": ("batch_assets.orchestration.spec", "JobSpec"),
     "Project": ("batch_assets.orchestration.project", "Project"),
+    "LIBRARY_JOB_MODULES": ("batch_assets.orchestration.project", "LIBRARY_JOB_MODULES"),
     "REPOSITORY": ("batch_assets.orchestration.defaults", "REPOSITORY"),
     "load_declarations": ("batch_assets.orchestration.components.loader", "load_declarations"),
     "celery_on_redis_executor": ("batch_assets.orchestration.celery", "celery_on_redis_executor"),
@@ -215,7 +216,7 @@ if TYPE_CHECKING:  # what type checkers see: the same names, imported eagerly
         validated_plan,
     )
     from batch_assets.orchestration.progress import OpProgress
-    from batch_assets.orchestration.project import Project
+    from batch_assets.orchestration.project import LIBRARY_JOB_MODULES, Project
     from batch_assets.orchestration.queue_job import QueueJob, QueueWorkConfig, build_queue_job
     from batch_assets.orchestration.resources import (
         AlertsResource,

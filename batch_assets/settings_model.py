@@ -177,6 +177,9 @@ def given_value(name: str, annotation: Any, value: Any) -> Any:
     naming the field. A number given for a number field must already be one (2.0 is not a count, nan no number).
     """
     kind = scalar_type(annotation)
+    if isinstance(value, dict | list | tuple | set):
+        raise ConfigError(f"must be {_one_value(kind)}, got {'an object' if isinstance(value, dict) else 'an array'}",
+                          field=name)
     if isinstance(value, str):
         shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}..."
         if not value.strip():
@@ -203,6 +206,16 @@ def given_value(name: str, annotation: Any, value: Any) -> Any:
     if kind is bool and not isinstance(value, bool):
         raise ConfigError(f"must be true or false, got {value!r}", field=name)
     return value
+
+
+def _one_value(kind: Any) -> str:
+    """What a field of `kind` takes, in words (for a value of the wrong JSON type)."""
+    if isinstance(kind, tuple):
+        return "one of " + ", ".join(str(v) for v in kind)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return "one of " + ", ".join(str(m.value) for m in kind)
+    words = {int: "a whole number", float: "a number", bool: "true or false", str: "a text", date: "a date YYYY-MM-DD"}
+    return words.get(kind, "a single value")
 
 
 __all__ = [

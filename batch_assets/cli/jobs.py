@@ -81,10 +81,11 @@ def cmd_jobs_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
-    """`FIELD=VALUE`; VALUE is read as JSON when it is JSON (5, 0.5, true, null), else as a string.
+    """`FIELD=VALUE`; VALUE is read as JSON when it is JSON (5, 0.5, true), else as a string.
 
-    An empty VALUE (`--set run_date=$UNSET`) or one with spaces around it is refused, naming the
-    field: it is never read as "the default".
+    An empty VALUE (`--set run_date=$UNSET`), `null`, or one with spaces around it is refused, naming the
+    field: it is never read as "the default" (leave the --set out for that). An object or an array is no value
+    of any field: the field's own check refuses it (`settings_model.given_value`).
     """
     name, sep, raw = text.partition("=")
     if not sep or not name.strip():
@@ -98,6 +99,8 @@ def parse_assignment(text: str) -> tuple[str, Any]:
         value = json.loads(raw)
     except ValueError:
         value = raw
+    if value is None:
+        raise ConfigError(f"must be a value, got {raw!r} (leave out --set {name} for its default)", field=name)
     return name, value
 
 

@@ -6,7 +6,10 @@ that goes into SQL is a quoted identifier (`quote`) of a column found here.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 
 import sqlalchemy as sa
 
@@ -24,16 +27,27 @@ TABLE_EXISTS_SQL = sa.text("""
 SELECT 1 FROM information_schema.tables WHERE table_schema = :schema AND table_name = :table
 """)
 
-UNIQUE_KEY_SQL = sa.text("""
-SELECT 1 FROM pg_index AS i
- WHERE i.indrelid = CAST(:relation AS regclass) AND i.indisunique AND i.indnkeyatts = 1
-   AND i.indpred IS NULL AND i.indkey[0] = (SELECT attnum FROM pg_attribute
-                                             WHERE attrelid = CAST(:relation AS regclass) AND attname = :key)
- LIMIT 1
-""")
-
 KEY_TYPES = {"uuid": "uuid", "int8": "bigint", "int4": "integer"}
 """pg_type.typname of a key column → its key kind (engine.ranges.KEY_SPACES)."""
+
+_TEXT = frozenset({str})
+_WHOLE = frozenset({int})
+_NUMBER = frozenset({int, float, Decimal})
+PYTHON_TYPES: dict[str, frozenset[type]] = {
+    "text": _TEXT, "varchar": _TEXT, "bpchar": _TEXT, "citext": _TEXT, "name": _TEXT,
+    "int2": _WHOLE, "int4": _WHOLE, "int8": _WHOLE,
+    "numeric": _NUMBER, "float4": _NUMBER, "float8": _NUMBER,
+    "bool": frozenset({bool}),
+    "date": frozenset({date}),
+    "timestamp": frozenset({datetime}), "timestamptz": frozenset({datetime}),
+    "time": frozenset({time}), "timetz": frozenset({time}),
+    "interval": frozenset({timedelta}),
+    "uuid": frozenset({uuid.UUID}),
+    "bytea": frozenset({bytes, bytearray, memoryview}),
+}
+"""pg_type.typname → the Python types (exactly: bool is no int, datetime no date) a value written to such a column
+may have, so none is cast on the way in (an int stored as '7' in a text column). A type not listed here (json,
+jsonb, arrays, enums, domains, ...) is left to PostgreSQL."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,11 @@ class Column:
     @property
     def is_json(self) -> bool:
         return self.base_type in ("json", "jsonb")
+
+    @property
+    def python_types(self) -> frozenset[type] | None:
+        """The Python types a value written to this column may have (None: any, PostgreSQL decides)."""
+        return PYTHON_TYPES.get(self.base_type)
 
 
 @dataclass(frozen=True)
@@ -79,8 +98,3 @@ def read_table(conn: sa.Connection, spec: str) -> Table | None:
     relation = f"{quote(schema)}.{quote(name)}"
     rows = conn.execute(COLUMNS_SQL, {"relation": relation}).all()
     return Table(schema, name, {r.name: Column(r.name, r.sql_type, r.base_type) for r in rows})
-
-
-def has_unique_index(conn: sa.Connection, table: Table, key: str) -> bool:
-    """Whether `key` alone is unique and indexed (a primary key or a unique index on that column only)."""
-    return conn.execute(UNIQUE_KEY_SQL, {"relation": table.relation, "key": key}).first() is not None

@@ -1,18 +1,29 @@
 # ruff: noqa: S608 — statements are built from quoted identifiers of catalog columns; every value is bound.
 """The sweep a `SweepComponent` declares, as an engine plug-in: statements built from the declared columns.
 
-Row = (key, every other declared column in declaration order, the due column when it is not declared).
-Every identifier in a statement is a quoted column the catalog has (`components.table`); every value is a
-bound parameter. `compute(row, run_date)` gets a mapping of the declared columns and returns a mapping of
-exactly the `writes` columns:
+Row = (key, every other declared column in declaration order, the due column when it is not declared, the columns
+`where` names that are not declared). Every identifier in a statement is a quoted column the catalog has
+(`components.table`); every value is a bound parameter. `compute(row, run_date)` gets a mapping of the declared
+columns and returns a mapping of exactly the `writes` columns:
 
 * `RowFailure(kind)` is the row's own failure: `failed_by_type[kind]`, not systemic, nothing written (with
-  `due`, the row stays due);
-* any other exception, a result that is not a mapping of exactly the `writes` columns, or a kind that is
-  not a short lower-case word is `compute_error`, systemic (it feeds the breaker);
+  `due`, the row stays due); a kind that is not a short lower-case word of letters and `_` (or not a str) is
+  counted under `invalid_failure_kind` instead, and its text is never shown;
+* any other exception, or a result that is not a mapping of exactly the `writes` columns, is `compute_error`,
+  systemic (it feeds the breaker);
+* a result whose value does not fit its column's type (an int for a text column, a str for an integer column, a
+  datetime for a date column, ...) is `invalid_result`, systemic: never cast on the way in (`Column.python_types`);
 * a result equal to what is stored is not written;
-* the page write (one statement) applies a row only if every column read still holds the value read and
-  the row still matches `where`; the others are conflicts, left as the other writer left them.
+* the page write (one statement) applies a row only if every column read still holds the value read; the others
+  are conflicts, left as the other writer left them.
+
+`where` selects the rows to read (pages, range bounds, the overdue count) and never takes part in a write
+statement: pasted into the write, text that escapes its parentheses could rewrite the write's own fence. The
+fence is the values read. The columns of the table that `where` names are read with every page for that reason
+(not handed to `compute`), so a row another writer moved out of `where` between the read and the write (its
+`status` changed, say) still holds a value other than the one read: a conflict, as before. What `where` reads
+elsewhere (a subquery on another table), and a column whose type has no equality (a point), are not fenced: the
+row is written from the values its own columns held.
 
 Sensitive columns are compared in SQL only: they never appear in a log line, a cursor, a checkpoint or an
 event. Neither does any value of a row: logs name rows by key (or not at all when the key is sensitive).
@@ -24,50 +35,23 @@ import json
 import logging
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import date
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
 from batch_assets.engine.definition import UNCHANGED, RowOutcome, SqlReader, Sweep, WriteCounts
-from batch_assets.engine.failures import COMPUTE_ERROR, KIND_RE
-from batch_assets.engine.ranges import CursorRange, key_json, key_value, quote
-from batch_assets.engine.table import Column, Table
+from batch_assets.engine.failures import COMPUTE_ERROR, INVALID_FAILURE_KIND, INVALID_RESULT, is_kind
+from batch_assets.engine.ranges import CursorRange, key_json, key_value
+from batch_assets.engine.table import Column
+from batch_assets.engine.table_statements import SweepTarget, statements
 from batch_assets.errors import ConfigError, RowFailure
 
 log = logging.getLogger("batch_assets.sweep")
 
 NEGATIVE_INFINITY = "-infinity"
-Compute = Callable[[Mapping[str, Any], date], Mapping[str, Any]]
-
-
-@dataclass(frozen=True)
-class SweepTarget:
-    """A declaration checked against the database: everything a DeclaredSweep needs."""
-
-    name: str
-    table: Table
-    key: Column
-    kind: str
-    """The key's type: uuid, bigint or integer (engine.ranges.KEY_SPACES)."""
-    columns: tuple[str, ...]
-    due: Column | None
-    writes: tuple[str, ...]
-    sensitive: frozenset[str]
-    where: str | None
-    event: str | None
-    compute: Compute
-    outbox: str = "outbox_events"
-    """The outbox table its events go to (this repository's, or the library's own in a team's project)."""
-
-    @property
-    def modes(self) -> tuple[str, ...]:
-        return ("delta", "full") if self.due is not None else ("full",)
-
-
 class _Reader(SqlReader):
-    """What the declared sweep reads; statements built once per sweep (`_statements`)."""
+    """What the declared sweep reads; statements built once per sweep (`table_statements.statements`)."""
 
     def __init__(self, target: SweepTarget, sql: dict[str, sa.TextClause]) -> None:
         self.target = target
@@ -166,6 +150,9 @@ class DeltaReader(_Reader):
 class DeclaredSweep(Sweep):
     """delta (with `due`: rows whose due date is NULL or on or before the run date) | full (cursor ranges)."""
 
+    max_page_size: ClassVar[int] = min(FullReader.max_page_size, DeltaReader.max_page_size)
+    """The largest settings.page_size a declared sweep takes: what its readers allow (one page write carries it)."""
+
     def __init__(self, target: SweepTarget, mode: str, run_date: date) -> None:
         if mode not in target.modes:
             raise ConfigError(f"must be one of {', '.join(target.modes)}, got {mode!r}", field="mode")
@@ -177,6 +164,8 @@ class DeclaredSweep(Sweep):
         others = [table.columns[c] for c in target.columns if c != key.name]
         if target.due is not None and target.due.name not in target.columns:
             others.append(target.due)
+        fenced = {key.name, *(c.name for c in others)}
+        others.extend(table.columns[c] for c in target.where_columns if c not in fenced)
         self.read: tuple[Column, ...] = (key, *others)
         position = {c.name: i for i, c in enumerate(self.read)}
         self._writes = tuple((name, position[name]) for name in target.writes)
@@ -186,8 +175,10 @@ class DeclaredSweep(Sweep):
         self._stored = _picker(tuple(i for _, i in self._writes))
         self._new = _picker(tuple(target.writes))
         self._n_writes = len(self._write_set)
+        self._fits = _type_checker(tuple(table.columns[name].python_types for name in target.writes))
+        self._told_types = False
         by_due = target.due is not None and target.due.name not in target.sensitive
-        sql = _statements(target, self.read, by_due)
+        sql = statements(target, self.read, by_due)
         self._sql = sql
         self.reader: _Reader
         if mode == "delta":
@@ -207,13 +198,10 @@ class DeclaredSweep(Sweep):
         try:
             result = self._compute(given, self.run_date)
         except RowFailure as failure:
+            # The row's own data: counted under its kind, never systemic (like a known bad row). A kind that is no
+            # short word may have been built from the row's values: counted under a name of the product's own.
             kind = failure.kind
-            if isinstance(kind, str) and KIND_RE.fullmatch(kind):
-                # The row's own data: counted under its kind, never systemic (like a known bad row).
-                return RowOutcome(None, kind, 0, True)
-            log.warning("sweep %s: RowFailure kind is not a short lower-case word for %s", self.name,
-                        self.describe(row))
-            return RowOutcome(None, COMPUTE_ERROR)
+            return RowOutcome(None, kind if is_kind(kind) else INVALID_FAILURE_KIND, 0, True)
         except Exception as exc:  # noqa: BLE001 — the team's function: any defect is counted, systemic
             log.warning("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
@@ -230,7 +218,23 @@ class DeclaredSweep(Sweep):
             return self._not_the_writes(result, row)
         if new == self._stored(row):
             return UNCHANGED
+        if self._fits is not None and not self._fits(new):
+            return self._wrong_type(new)
         return RowOutcome((row, new))
+
+    def _wrong_type(self, new: Sequence[Any]) -> RowOutcome:
+        """A result value whose type does not fit its column: invalid_result (told once per sweep, by column and
+        type names only)."""
+        if not self._told_types:
+            self._told_types = True
+            columns = self.target.table.columns
+            wrong = [(name, columns[name].sql_type, type(value).__name__)
+                     for (name, _), value in zip(self._writes, new, strict=True)
+                     if value is not None and type(value) not in (columns[name].python_types or (type(value),))]
+            log.warning("sweep %s: compute returned %s; counted as %s, nothing written", self.name,
+                        ", ".join(f"{kind} for {name} ({sql_type})" for name, sql_type, kind in wrong),
+                        INVALID_RESULT)
+        return RowOutcome(None, INVALID_RESULT)
 
     def _not_the_writes(self, result: Any, row: Sequence[Any]) -> RowOutcome:
         """A result that is not exactly the declared writes: compute_error, with the keys it had (names only)."""
@@ -262,6 +266,27 @@ def _dict_builder(names: tuple[str, ...], positions: tuple[int, ...]) -> Callabl
     return eval(f"lambda row: {{{body}}}", {"__builtins__": {}})  # noqa: S307 — literals only, see above
 
 
+def _type_checker(allowed: tuple[frozenset[type] | None, ...]) -> Callable[[Sequence[Any]], bool] | None:
+    """`new` → whether each value is NULL or of a Python type its column takes (None: no column is checked).
+
+    An exact type test per value (`type(v) in allowed`): bool is not an int, datetime not a date."""
+    checked = tuple((i, types) for i, types in enumerate(allowed) if types is not None)
+    if not checked:
+        return None
+    if len(checked) == 1:
+        ((only, types),) = checked
+        return lambda new: new[only] is None or type(new[only]) in types
+
+    def fits(new: Sequence[Any]) -> bool:
+        for i, types in checked:
+            value = new[i]
+            if value is not None and type(value) not in types:
+                return False
+        return True
+
+    return fits
+
+
 def _picker(keys: tuple[Any, ...]) -> Callable[[Any], tuple[Any, ...]]:
     """`lambda x: tuple(x[k] for k in keys)`, in C (operator.itemgetter; a 1-tuple for one key)."""
     if len(keys) == 1:
@@ -275,108 +300,3 @@ def _param(column: Column, value: Any) -> Any:
     if column.is_json and value is not None:
         return json.dumps(value)
     return value
-
-
-def _array_type(column: Column) -> str:
-    return "text[]" if column.is_json else f"{column.sql_type}[]"
-
-
-def _as_stored(column: Column, ref: str) -> str:
-    """`ref` (a value of the write arrays) as a value of the column."""
-    return f"CAST({ref} AS {column.sql_type})" if column.is_json else ref
-
-
-def _same(column: Column, stored: str, read: str) -> str:
-    """SQL: the stored value is still the value read (json compared as jsonb)."""
-    if column.is_json:
-        return f"CAST({stored} AS jsonb) IS NOT DISTINCT FROM CAST({read} AS jsonb)"
-    return f"{stored} IS NOT DISTINCT FROM {read}"
-
-
-def _statements(target: SweepTarget, read: tuple[Column, ...], by_due: bool) -> dict[str, sa.TextClause]:
-    """The five statements of a declared sweep (read: full first/after, delta first/after; the page write)."""
-    relation = target.table.relation
-    key = f"{relation}.{target.key.ident}"
-    select = ", ".join(f"{relation}.{c.ident}" for c in read)
-    where = f"(\n{target.where}\n) AND " if target.where else ""
-    sql = {
-        "full_first": f"SELECT {select} FROM {relation} WHERE {where}{key} >= :lo AND {key} <= :hi "
-                      f"ORDER BY {key} LIMIT :limit",
-        "full_after": f"SELECT {select} FROM {relation} WHERE {where}{key} > :after AND {key} <= :hi "
-                      f"ORDER BY {key} LIMIT :limit",
-    }
-    if target.due is not None:
-        due = f"coalesce({relation}.{target.due.ident}, '-infinity'::date)"
-        if by_due:
-            sql["delta_first"] = (f"SELECT {select} FROM {relation} WHERE {where}{due} <= :run_date "
-                                  f"ORDER BY {due}, {key} LIMIT :limit")
-            sql["delta_after"] = (f"SELECT {select} FROM {relation} WHERE {where}{due} <= :run_date "
-                                  f"AND ({due}, {key}) > (CAST(:after_date AS date), :after) "
-                                  f"ORDER BY {due}, {key} LIMIT :limit")
-        else:
-            sql["delta_first"] = (f"SELECT {select} FROM {relation} WHERE {where}{due} <= :run_date "
-                                  f"ORDER BY {key} LIMIT :limit")
-            sql["delta_after"] = (f"SELECT {select} FROM {relation} WHERE {where}{due} <= :run_date "
-                                  f"AND {key} > :after ORDER BY {key} LIMIT :limit")
-    sql["write"] = _write_statement(target, read)
-    return {name: sa.text(text) for name, text in sql.items()}
-
-
-def _write_statement(target: SweepTarget, read: tuple[Column, ...]) -> str:
-    relation = target.table.relation
-    columns = target.table.columns
-    arrays = [f"CAST(:k AS {target.kind}[])"]
-    names = ["__ba_k"]
-    for i, column in enumerate(read[1:], start=1):
-        arrays.append(f"CAST(:o{i} AS {_array_type(column)})")
-        names.append(f"__ba_o{i}")
-    for j, name in enumerate(target.writes):
-        arrays.append(f"CAST(:n{j} AS {_array_type(columns[name])})")
-        names.append(f"__ba_n{j}")
-    assignments = ", ".join(f"{columns[name].ident} = {_as_stored(columns[name], f'__ba_v.__ba_n{j}')}"
-                            for j, name in enumerate(target.writes))
-    still = " AND ".join(
-        _same(column, f"{relation}.{column.ident}", f"__ba_v.__ba_o{i}") for i, column in enumerate(read[1:], start=1)
-    )
-    where = f" AND (\n{target.where}\n)" if target.where else ""
-    position = {c.name: i for i, c in enumerate(read)}
-    returned = ", ".join(
-        [f"{relation}.{target.key.ident} AS __ba_k"]
-        + [f"__ba_v.__ba_o{position[name]} AS __ba_old{j}, __ba_v.__ba_n{j} AS __ba_new{j}"
-           for j, name in enumerate(target.writes)]
-    )
-    statement = f"""
-WITH __ba_v AS (
-    SELECT * FROM unnest({', '.join(arrays)}) AS __ba_v({', '.join(names)})
-), __ba_updated AS (
-    UPDATE {relation} SET {assignments}
-      FROM __ba_v
-     WHERE {relation}.{target.key.ident} = __ba_v.__ba_k{' AND ' + still if still else ''}{where}
-    RETURNING {returned}
-)"""
-    events = "0"
-    if target.event:
-        shown = [(j, name) for j, name in enumerate(target.writes) if name not in target.sensitive]
-        old = ", ".join(f"{_literal(name)}, {_as_stored(columns[name], f'u.__ba_old{j}')}" for j, name in shown)
-        new = ", ".join(f"{_literal(name)}, {_as_stored(columns[name], f'u.__ba_new{j}')}" for j, name in shown)
-        aggregate = "u.__ba_k" if target.kind == "uuid" else \
-            f"CAST(md5({_literal(target.table.schema + '.' + target.table.name + ':')} || u.__ba_k) AS uuid)"
-        statement += f""", __ba_events AS (
-    INSERT INTO {quote(target.outbox)} (aggregate_id, event_type, payload)
-    SELECT {aggregate}, {_literal(target.event)},
-           jsonb_build_object('table', {_literal(target.table.name)}, 'key', u.__ba_k,
-                              'old', jsonb_build_object({old}), 'new', jsonb_build_object({new}))
-      FROM __ba_updated AS u
-    RETURNING 1
-)"""
-        events = "(SELECT count(*) FROM __ba_events)"
-    statement += f"""
-SELECT (SELECT count(*) FROM __ba_updated), {events},
-       (SELECT count(*) FROM __ba_v) - (SELECT count(*) FROM __ba_updated)
-"""
-    return statement
-
-
-def _literal(text: str) -> str:
-    """A SQL string literal of a checked name (names are [a-z0-9_.]; quotes are doubled all the same)."""
-    return "'" + text.replace("'", "''") + "'"

@@ -75,7 +75,7 @@ def config_class(settings: type[SettingsModel], name: str, doc: str, *, fields: 
     only at runtime.)"""
     annotations: dict[str, Any] = {}
     namespace: dict[str, Any] = {"__module__": settings.__module__, "__doc__": doc, "settings_model": settings}
-    own = set(vars(settings).get("__annotations__", {}))  # the job's own fields (mode, ...) first on the launchpad
+    own = _own_fields(settings)  # the job's own fields (mode, ...) first on the launchpad
     ordered = sorted(settings.model_fields.items(), key=lambda item: item[0] not in own)
     for field_name, info in ordered:
         if fields is not None and field_name not in fields:
@@ -97,6 +97,17 @@ def config_class(settings: type[SettingsModel], name: str, doc: str, *, fields: 
         namespace[field_name] = Field(default=default, description=describe(info))
     namespace["__annotations__"] = annotations
     return type(name, (JobConfig,), namespace)
+
+
+def _own_fields(settings: type[SettingsModel]) -> set[str]:
+    """The fields a job's settings declare (mode, ...): the class's own annotations or, when it only narrows inherited
+    fields (a tighter page_size bound), those of its nearest ancestor that adds a field of its own."""
+    for klass in settings.__mro__:
+        declared = set(vars(klass).get("__annotations__", {}))
+        inherited = {name for base in klass.__bases__ for name in getattr(base, "model_fields", {})}
+        if declared - inherited:
+            return declared
+    return set()
 
 
 __all__ = [

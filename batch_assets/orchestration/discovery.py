@@ -88,7 +88,7 @@ def team_project(location: Location) -> Project:
 
 def _components(location: Location) -> Declarations:
     """The project's declarations, loaded as Dagster loads them; a project that does not load is one error."""
-    from batch_assets.orchestration.components.loader import DeclarationError, Declarations, Loaded
+    from batch_assets.orchestration.components.loader import DeclarationError, Declarations, Loaded, check_size
     from batch_assets.orchestration.components.sweep_component import SweepComponent
     from batch_assets.orchestration.components.table_queue import TableQueueComponent
 
@@ -99,6 +99,8 @@ def _components(location: Location) -> Declarations:
             from dagster.components.core.component_tree import ComponentTree
 
             tree = ComponentTree.for_project(location.root)
+            for defs_file in sorted(Path(tree.defs_module_path).rglob("defs.yaml")):
+                check_size(defs_file)  # before Dagster parses any of them
         else:
             tree = getattr(_definitions_of(location.module), "component_tree", None)
         if tree is None:
@@ -107,9 +109,13 @@ def _components(location: Location) -> Declarations:
             if not isinstance(decl.component_type, type) or \
                     not issubclass(decl.component_type, (SweepComponent, TableQueueComponent)):
                 continue
-            component: Any = tree.load_component(loc)
             path = Path(getattr(loc, "file_path", location.root))
             folder = path if path.is_dir() else path.parent
+            try:
+                component: Any = tree.load_component(loc)
+            except Exception:
+                found.errors.append(_declaration_error(folder / "defs.yaml"))
+                continue
             found.components.append(Loaded(folder / "defs.yaml", component.located(folder)))
     except ConfigError as exc:
         found.errors.append(exc if isinstance(exc, DeclarationError)
@@ -119,6 +125,18 @@ def _components(location: Location) -> Declarations:
                                              f"the code location {location.module} does not load: "
                                              f"{error_text(exc)}"))
     return found
+
+
+def _declaration_error(path: Path) -> Any:
+    """Why a declaration Dagster could not load cannot work, as the library's loader says it (one line naming the
+    file and the attribute: the same checks, without the project's own template scopes)."""
+    from batch_assets.orchestration.components.loader import DeclarationError, load_file
+
+    try:
+        load_file(path)
+    except DeclarationError as exc:
+        return exc
+    return DeclarationError(path, "attributes", "the declaration does not load in this project")
 
 
 def _definitions_of(module_name: str) -> Any:

@@ -27,6 +27,14 @@ from batch_assets.orchestration.components.loader import DeclarationError, Decla
 from batch_assets.orchestration.defaults import REPOSITORY, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
 
+LIBRARY_JOB_MODULES: dict[str, tuple[str, ...]] = {
+    "batch_assets.orchestration.outbox_job": ("outbox_relay_job",),
+    "batch_assets.orchestration.retention_job": ("retention_job",),
+}
+"""The library's own jobs (the outbox relay, retention), as a project lists its jobs: whatever code location runs
+them, their names and locks are taken in every database the library is installed in."""
+LIBRARY_JOBS: tuple[str, ...] = tuple(name for names in LIBRARY_JOB_MODULES.values() for name in names)
+
 DEFAULT_PROJECT = "batch_assets.reference.project:PROJECT"
 """This repository's code location: what `current()` is when no command chose another (imported by name: the
 library does not depend on the reference project; the run coordinator of this repository's instance uses it)."""
@@ -70,6 +78,57 @@ class Project:
         spec: JobSpec = importlib.import_module(module).SPEC
         return spec
 
+    def reserved_names(self) -> frozenset[str]:
+        """The names a declaration may not take: the location's own jobs, the library's, and what their names give
+        (a job `X_job` locks and checkpoints `X`, `X_asset_job` materializes the asset `X`, `X_queue_job` works the
+        queue `X`), and the location's own queues. Derived from `job_modules` and `queue_targets` (no module of a
+        job is imported); a declaration of one of these names would share that job's lock, run history,
+        checkpoints or queue state."""
+        names: set[str] = set(LIBRARY_JOBS)
+        names.update(name for jobs in self.job_modules.values() for name in jobs)
+        for job in tuple(names):
+            for suffix in ("_asset_job", "_queue_job", "_job"):
+                if job.endswith(suffix) and len(job) > len(suffix):
+                    names.add(job.removesuffix(suffix))
+        names.update(self._own_queues())
+        return frozenset(names)
+
+    def vetted(self) -> tuple[tuple[Any, ...], tuple[ConfigError, ...]]:
+        """The declarations (`Loaded`) whose names are their own, and every declaration that cannot work: the
+        loader's errors, a name the location reserves (`reserved_names`), a name an earlier file declares (the
+        second file is named). Sweeps and queues share one namespace: a name is a lock, a checkpoint and a queue."""
+        try:
+            found = self.declarations()
+        except ConfigError as exc:  # the declarations folder itself is unusable
+            return (), (exc,)
+        with _LOCK:
+            cached = self._cache.get("vetted")
+            if cached is not None and cached[0] is found:
+                return cached[1], cached[2]
+            reserved = self.reserved_names() if found.components else frozenset()  # (imports the own queues)
+            seen: dict[str, Path] = {}
+            ok: list[Any] = []
+            errors: list[ConfigError] = list(found.errors)
+            for loaded in found.components:
+                name = getattr(loaded.component, "name", None)
+                problem = None
+                if name in reserved:
+                    problem = (f"{name!r} is a name of the code location's own (one of its jobs, locks, checkpoints "
+                               "or queues): choose another")
+                elif name in seen:
+                    problem = f"{name!r} is already declared in {seen[name]}"
+                if problem is not None:
+                    error = DeclarationError(loaded.path, "name", problem)
+                    error.declares = name
+                    errors.append(error)
+                    continue
+                if isinstance(name, str):
+                    seen[name] = loaded.path
+                ok.append(loaded)
+            vetted = (tuple(ok), tuple(errors))
+            self._cache["vetted"] = (found, *vetted)
+            return vetted
+
     def declared(self) -> tuple[tuple[JobSpec, ...], list[ConfigError]]:
         """The declared jobs that can be built, and the declarations that cannot work (each names its file and
         attribute). Built once per state of the declarations."""
@@ -81,19 +140,16 @@ class Project:
         return self._declared()[2]
 
     def _declared(self) -> tuple[tuple[JobSpec, ...], list[ConfigError], list[Any]]:
-        try:
-            found = self.declarations()
-        except ConfigError as exc:  # the declarations folder itself is unusable
-            return (), [exc], []
+        components, vetted_errors = self.vetted()
         with _LOCK:
             cached = self._cache.get("declared")
-            if cached is not None and cached[0] is found:
-                return cached[1], cached[2], cached[3]
+            if cached is not None and cached[0] is components and cached[1] is vetted_errors:
+                return cached[2], cached[3], cached[4]
             taken = {name for names in self.job_modules.values() for name in names}
             specs: list[JobSpec] = []
-            errors: list[ConfigError] = list(found.errors)
+            errors: list[ConfigError] = list(vetted_errors)
             ok: list[Any] = []
-            for loaded in found.components:
+            for loaded in components:
                 try:
                     built = list(loaded.component.built_specs(self.defaults, loaded.path.parent))
                 except ConfigError as exc:
@@ -108,7 +164,7 @@ class Project:
                 taken.update(name for spec in built for name in spec.job_names)
                 specs.extend(built)
                 ok.append(loaded)
-            self._cache["declared"] = (found, tuple(specs), errors, ok)
+            self._cache["declared"] = (components, vetted_errors, tuple(specs), errors, ok)
             return tuple(specs), errors, ok
 
     def all_specs(self) -> tuple[JobSpec, ...]:
@@ -129,18 +185,24 @@ class Project:
 
     # --- queues ---------------------------------------------------------------------------------------
 
-    def queues(self) -> dict[str, tuple[Path | None, Any]]:
-        """Every queue by name: the location's own (no file) and each declared one with its file. A broken
-        declaration is left out here (`find_queue` names it)."""
-        from batch_assets.orchestration.components.table_queue import TableQueueComponent
-
-        queues: dict[str, tuple[Path | None, Any]] = {}
+    def _own_queues(self) -> dict[str, Any]:
+        """The location's own queues by name (not declared in a defs.yaml)."""
+        queues: dict[str, Any] = {}
         for target in self.queue_targets:
             module, _, name = target.partition(":")
             declaration = getattr(importlib.import_module(module), name)
-            queues[declaration.name] = (None, declaration)
-        for loaded in self.declarations().of_type(TableQueueComponent):
-            queues.setdefault(loaded.component.name, (loaded.path, loaded.component))
+            queues[declaration.name] = declaration
+        return queues
+
+    def queues(self) -> dict[str, tuple[Path | None, Any]]:
+        """Every queue by name: the location's own (no file) and each declared one with its file. A declaration that
+        cannot work (a reserved or repeated name included) is left out here (`find_queue` names it)."""
+        from batch_assets.orchestration.components.table_queue import TableQueueComponent
+
+        queues: dict[str, tuple[Path | None, Any]] = {name: (None, own) for name, own in self._own_queues().items()}
+        for loaded in self.vetted()[0]:
+            if isinstance(loaded.component, TableQueueComponent):
+                queues[loaded.component.name] = (loaded.path, loaded.component)
         return queues
 
     def default_queue(self) -> str | None:
@@ -156,10 +218,14 @@ class Project:
         cannot work, or naming `queue` when no queue has that name."""
         queues = self.queues()
         wanted = name if name is not None else self.default_queue()
+        errors = self.vetted()[1]
+        for error in errors:  # a broken declaration of that name: never another queue of the name in its place
+            if wanted is not None and getattr(error, "declares", None) == wanted:
+                raise error
         if wanted is not None and wanted in queues:
             return queues[wanted]
-        for error in self.declarations().errors:
-            if getattr(error, "declares", None) in (wanted, None):
+        for error in errors:
+            if getattr(error, "declares", None) is None:
                 raise error
         if wanted is None:
             raise ConfigError(f"give --queue NAME; declared: {', '.join(sorted(queues)) or 'none'}", field="queue")
@@ -170,7 +236,7 @@ class Project:
         """Every queue's store (of the files in `only`; None stands for the location's own queues), its table
         checked: what `db migrate` installs on. A broken queue declaration, or a table lacking a column the queue
         needs, is a ConfigError naming the file and the attribute."""
-        for error in self.declarations().errors:
+        for error in self.vetted()[1]:
             if _declares_a_queue(getattr(error, "path", None)):
                 raise error
         found: list[tuple[Path | None, Any]] = []

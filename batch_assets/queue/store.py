@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
+from batch_assets.db.catalog import key_problem
 from batch_assets.errors import ConfigError
 from batch_assets.queue.claims import Claim, Result, claims_from_rows, clip, new_token
 from batch_assets.queue.spec import KEY_TYPES, LEGACY_TOKEN_COLUMN, PRIORITY_TYPES, QueueSpec
@@ -62,7 +63,8 @@ class QueueStore:
 
     def checked(self, conn: sa.Connection, *, source: str = "") -> QueueStore:
         """This store with the key type read from the catalog; ConfigError naming the table and the column
-        when the table lacks a column the queue needs (or its key or priority has a type it cannot use)."""
+        when the table lacks a column the queue needs, or its key or priority has a type it cannot use, or its
+        key is not unique and NOT NULL (`db.catalog.key_problem`)."""
         spec, where = self.spec, f"{source}: " if source else ""
         types = self.column_types(conn)
         if not types:
@@ -81,6 +83,9 @@ class QueueStore:
         if key_type not in KEY_TYPES:
             raise ConfigError(f"{where}key {spec.table}.{spec.key} is {key_type}; must be one of "
                               f"{', '.join(KEY_TYPES)}", field="key")
+        problem = key_problem(conn, spec.table, spec.key)
+        if problem is not None:
+            raise ConfigError(f"{where}{problem}", field="key")
         if spec.priority and types[spec.priority] not in PRIORITY_TYPES:
             raise ConfigError(f"{where}priority {spec.table}.{spec.priority} is {types[spec.priority]}; must be "
                               f"{' or '.join(PRIORITY_TYPES)}", field="priority")

@@ -3,7 +3,7 @@ retention and the declarations under BATCH_ASSETS_DEFS_DIR."""
 
 from __future__ import annotations
 
-from batch_assets import REPOSITORY, Project, load_declarations
+from batch_assets import LIBRARY_JOB_MODULES, REPOSITORY, Project, load_declarations
 from batch_assets.reference.migrations import REFERENCE
 
 JOB_MODULES: dict[str, tuple[str, ...]] = {
@@ -11,8 +11,7 @@ JOB_MODULES: dict[str, tuple[str, ...]] = {
         "customer_status_sweep_job", "customer_status_sweep_celery_job", "customer_status_asset_job"),
     "batch_assets.reference.subscriptions.dagster": ("subscription_expiry_job",),
     "batch_assets.reference.payments.dagster": ("payment_queue_drain_job", "payment_status_observation_job"),
-    "batch_assets.orchestration.outbox_job": ("outbox_relay_job",),
-    "batch_assets.orchestration.retention_job": ("retention_job",),
+    **LIBRARY_JOB_MODULES,
 }
 """Each job's module (its `SPEC`) and the job names that spec answers for: the CLI launching one job imports that
 job's module only (start-up), the code location all of them."""

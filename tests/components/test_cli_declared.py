@@ -75,6 +75,16 @@ BROKEN = {
     "writes not among columns": ("writes: [tier, tier_review_on]", "writes: [tier, tier_review_on, status]", "writes"),
     "compute not importable": ("compute: tiers:compute", "compute: tiers_gone:compute", "compute"),
     "due not a date column": ("due: tier_review_on", "due: tier", "due"),
+    # A declaration may not be hostile either (CONTRACT §9 v4).
+    "where closing its own parentheses": ("where: \"status = 'OPEN'\"", "where: \"status = 'CLOSED') OR (true\"",
+                                          "where"),
+    "where holding a second statement": ("where: \"status = 'OPEN'\"",
+                                         "where: \"status = 'OPEN'); UPDATE accounts SET tier = 'X'; SELECT (true\"",
+                                         "where"),
+    "where that is no condition": ("where: \"status = 'OPEN'\"", "where: \"status = 'OPEN' ORDER BY id\"", "where"),
+    "a sensitive key": ("sensitive: [points]", "sensitive: [id, points]", "sensitive"),
+    "the name of the product's own sweep": ("name: loyalty_tier", "name: customer_status_sweep", "name"),
+    "a template that does not render": ("table: accounts", "table: \"{{ accounts( }}\"", "table"),
 }
 
 

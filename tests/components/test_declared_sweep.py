@@ -11,6 +11,7 @@ import json
 import logging
 import uuid
 from datetime import date, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -167,10 +168,14 @@ def test_hostile_functions(accounts: sa.Engine, functions: Path, caplog: pytest.
             return {"tier": "X", "tier_review_on": run_date}
     """)
     caplog.set_level(logging.DEBUG, logger="batch_assets")
-    for name in ("raises", "wrong_keys", "not_a_mapping", "bad_kind", "extra_key", "missing_key"):
+    for name in ("raises", "wrong_keys", "not_a_mapping", "extra_key", "missing_key"):
         result = sweep(accounts, component(compute=f"hostile:{name}"), breaker_min_rows=10_000_000)
         assert result.failed_by_type.get("compute_error") == 1000, (name, result.failed_by_type)
         assert result.changed == 0 and result.status == "SUCCESS"
+    bad_kind = sweep(accounts, component(compute="hostile:bad_kind"))
+    assert bad_kind.status == "SUCCESS", "an invalid kind is the row's own failure: it never trips the breaker"
+    assert bad_kind.failed_by_type["invalid_failure_kind"] == 1000 == bad_kind.failed, \
+        "a RowFailure whose kind is no word is still the row's own failure, counted under a name of the product's own"
     tripped = sweep(accounts, component(compute="hostile:raises"))
     assert tripped.status == "FAILURE" and "breaker" in (tripped.stopped_reason or ""), "compute_error is systemic"
 
@@ -257,3 +262,106 @@ def test_a_stopped_run_resumes_from_its_checkpoint_with_integer_keys(engine: sa.
     assert first.scanned + second.scanned == 1000, "resumed after the low watermark: no row read twice"
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM scored WHERE score = raw + 1")).scalar_one() == 1000
+
+
+def test_a_result_of_the_wrong_type_is_counted_never_cast(engine: sa.Engine, functions: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A value whose Python type does not fit its column is `invalid_result` (systemic), nothing written: an int for
+    text, a str or a bool for an integer, a datetime for a date, a str for a uuid. The right types are written."""
+    write_module(functions, "typed", """
+        import datetime, uuid
+
+        RIGHT = {"label": "x", "score": 3, "on_date": datetime.date(2026, 1, 1), "ref": uuid.UUID(int=1),
+                 "amount": 1.5, "flag": True, "tags": {"any": "json"}}
+
+        def with_(**wrong):
+            return lambda row, run_date: {**RIGHT, **wrong}
+
+        right = with_()
+        int_for_text = with_(label=7)
+        str_for_integer = with_(score="7")
+        bool_for_integer = with_(score=True)
+        datetime_for_date = with_(on_date=datetime.datetime(2026, 1, 1, 12))
+        str_for_uuid = with_(ref=str(uuid.UUID(int=1)))
+        int_for_bool = with_(flag=1)
+        str_for_numeric = with_(amount="1.5")
+    """)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE typed (id integer PRIMARY KEY, label text, score bigint, on_date date, "
+                             "ref uuid, amount numeric(10, 2), flag boolean, tags jsonb)"))
+        conn.execute(sa.text("INSERT INTO typed (id) SELECT g FROM generate_series(1, 200) AS g"))
+
+    def declared(function: str) -> SweepComponent:
+        return SweepComponent.from_attributes_dict(attributes={
+            "name": "typed", "table": "typed", "key": "id",
+            "columns": ["id", "label", "score", "on_date", "ref", "amount", "flag", "tags"],
+            "compute": f"typed:{function}", "writes": ["label", "score", "on_date", "ref", "amount", "flag", "tags"]})
+
+    caplog.set_level(logging.WARNING, logger="batch_assets")
+    for wrong in ("int_for_text", "str_for_integer", "bool_for_integer", "datetime_for_date", "str_for_uuid",
+                  "int_for_bool", "str_for_numeric"):
+        result = sweep(engine, declared(wrong), breaker_min_rows=10_000_000)
+        assert result.failed_by_type.get("invalid_result") == 200 and result.changed == 0, (wrong, result)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM typed WHERE label IS NOT NULL")).scalar_one() == 0
+    assert "int for label (text)" in caplog.text and "'7'" not in caplog.text, "named by type, never by value"
+    tripped = sweep(engine, declared("int_for_text"))
+    assert tripped.status == "FAILURE" and "breaker" in (tripped.stopped_reason or ""), "invalid_result is systemic"
+    right = sweep(engine, declared("right"))
+    assert right.status == "SUCCESS" and right.changed == 200, right
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT label, score, on_date, amount, flag FROM typed WHERE id = 1")).one()
+    assert tuple(row) == ("x", 3, date(2026, 1, 1), Decimal("1.50"), True)
+
+
+def test_where_selects_and_the_values_read_fence(accounts: sa.Engine, functions: Path) -> None:
+    """`where` is never part of the page write: a row whose `where` subquery no longer holds when it is written (its
+    entry in another table deleted meanwhile) is written from the values its own columns held; a column of the table
+    `where` names (status) is read and fenced like a declared one."""
+    from batch_assets.engine.table_sweep import DeclaredSweep
+
+    url = accounts.url.render_as_string(hide_password=False)
+    with accounts.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE vip (account_id uuid PRIMARY KEY)"))
+        conn.execute(sa.text("INSERT INTO vip SELECT id FROM accounts WHERE status = 'OPEN' AND points IS NOT NULL "
+                             "ORDER BY id LIMIT 20"))
+        victims = [str(v) for v in conn.execute(sa.text("SELECT account_id FROM vip ORDER BY account_id LIMIT 2"))
+                   .scalars()]
+    write_module(functions, "unvip", f"""
+        import sqlalchemy as sa
+        _engine = sa.create_engine({url!r}, poolclass=sa.pool.NullPool)
+        EDITS = {{{victims[0]!r}: "DELETE FROM vip WHERE account_id = :id",
+                  {victims[1]!r}: "UPDATE accounts SET status = 'CLOSED' WHERE id = :id"}}
+
+        def compute(row, run_date):
+            edit = EDITS.get(str(row["id"]))
+            if edit:
+                with _engine.begin() as conn:
+                    conn.execute(sa.text(edit), {{"id": row["id"]}})
+            return {{"tier": "VIP", "tier_review_on": run_date}}
+    """)
+    where = "status = 'OPEN' AND id IN (SELECT account_id FROM vip)"
+    declared = component(compute="unvip:compute", where=where)
+    result = sweep(accounts, declared)
+    assert result.status == "SUCCESS" and result.scanned == 20, result
+    assert (result.changed, result.conflicts) == (19, 1), result
+    [left, written] = [rows(accounts, f"id = '{victims[1]}'")[0], rows(accounts, f"id = '{victims[0]}'")[0]]
+    assert left.tier is None and written.tier == "VIP"
+    write = DeclaredSweep(declared.target(accounts), "full", RUN_DATE)._sql["write"].text  # noqa: SLF001
+    assert "vip" not in write and "OPEN" not in write, "where is never pasted into the write"
+
+
+def test_a_where_column_without_equality_is_read_but_not_fenced(engine: sa.Engine, functions: Path) -> None:
+    """`where` on a point column (no `=` for points): the sweep selects by it and writes every row it read."""
+    write_module(functions, "places", """
+        def compute(row, run_date):
+            return {"label": "near"}
+    """)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE places (id integer PRIMARY KEY, spot point NOT NULL, label text)"))
+        conn.execute(sa.text("INSERT INTO places SELECT g, point(g, g), NULL FROM generate_series(1, 100) AS g"))
+    declared = SweepComponent.from_attributes_dict(attributes={
+        "name": "places", "table": "places", "key": "id", "columns": ["id", "label"],
+        "where": "spot <@ box '((0,0),(40,40))'", "compute": "places:compute", "writes": ["label"]})
+    result = sweep(engine, declared)
+    assert result.status == "SUCCESS" and (result.scanned, result.changed, result.failed) == (40, 40, 0), result

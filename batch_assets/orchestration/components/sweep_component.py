@@ -9,9 +9,13 @@ The attributes are checked in two steps, each failure a ConfigError naming the a
 * when the file is loaded (`SweepComponent` is a pydantic model, unknown attributes forbidden): the name, the
   lists (writes and sensitive among columns), the function (it must import: beside the defs.yaml first), the
   schedules and their time zone;
-* against the database (`target(engine)`): the table and every column exist, the key is uuid, bigint or integer and
-  unique, `due` is a date column, `where` is a valid condition. `jobs list|run` check it; so does loading the
-  component in a team's project whenever the database answers.
+* against the database (`target(engine)`): the table and every column exist, the key is uuid, bigint or integer,
+  unique and NOT NULL, `due` is a date column, `where` is a valid condition on the table. `jobs list|run` check it;
+  so does loading the component in a team's project whenever the database answers.
+
+`where` is SQL and is taken as written: it is no Dagster template (`{{ ... }}` is never rendered into it, so no
+variable's value can reach SQL), and it must parse as one condition (`engine.where`). Every other string attribute
+is a Dagster template. docs/reference/declarations.md says what a defs.yaml may do and what is refused.
 
 `build_defs` is the one route to Dagster: the one sweep-job builder's graph asset over cursor ranges, its jobs,
 schedules, checks and, in a team's project, the resources its jobs need.
@@ -29,11 +33,14 @@ from typing import Annotated, Any
 
 import dagster as dg
 import sqlalchemy as sa
-from pydantic import PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
+from batch_assets.db.catalog import key_problem
 from batch_assets.engine.ranges import plan_ranges
-from batch_assets.engine.table import KEY_TYPES, Table, has_unique_index, read_table, split_name
-from batch_assets.engine.table_sweep import Compute, DeclaredSweep, SweepTarget
+from batch_assets.engine.table import KEY_TYPES, Column, Table, read_table, split_name
+from batch_assets.engine.table_statements import Compute, SweepTarget
+from batch_assets.engine.table_sweep import DeclaredSweep
+from batch_assets.engine.where import parse_where
 from batch_assets.errors import ConfigError, error_text
 from batch_assets.orchestration.components.common import (
     DATABASE_URL_RESOLVER,
@@ -50,9 +57,11 @@ from batch_assets.orchestration.components.common import (
     schedule_default,
     url_getter,
 )
+from batch_assets.orchestration.components.loader import as_written
 from batch_assets.orchestration.components.scaffold import SweepScaffolder
 from batch_assets.orchestration.defaults import REPOSITORY, TEAM, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
+from batch_assets.orchestration.sweep_job.definition import DeltaFullSettings, FullSettings
 from batch_assets.plugins import load_function
 
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,40}")
@@ -71,6 +80,30 @@ def _identifiers(values: list[str], what: str) -> list[str]:
     return values
 
 
+WHERE_RESOLVER = dg.Resolver(
+    as_written, model_field_type=str | None, inject_before_resolve=False,
+    description="Optional SQL condition selecting the rows to read, e.g. \"status = 'OPEN'\". Taken as written (no "
+    "template), run with the product's database role; one condition by PostgreSQL's grammar.",
+)
+
+
+def _page_size() -> Any:
+    return Field(default=DeclaredSweep.max_page_size, ge=1, le=DeclaredSweep.max_page_size,
+                 description=f"Rows per page (one page write carries at most {DeclaredSweep.max_page_size} rows).")
+
+
+class DeclaredDeltaFullSettings(DeltaFullSettings):
+    """A declared sweep with `due`: its page bound is its page write's."""
+
+    page_size: int = _page_size()
+
+
+class DeclaredFullSettings(FullSettings):
+    """A declared sweep without `due`: its page bound is its page write's."""
+
+    page_size: int = _page_size()
+
+
 @dg.scaffold_with(SweepScaffolder)
 class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     """A declared sweep of a team's own table: one job and one asset named `name`."""
@@ -81,7 +114,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     columns: list[str]
     compute: str
     writes: list[str]
-    where: str | None = None
+    where: Annotated[str | None, WHERE_RESOLVER] = None
     due: str | None = None
     sensitive: list[str] = []
     event: str | None = None
@@ -134,6 +167,9 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
                 raise ValueError("must name at least one column")
             if info.data.get("key") in value:
                 raise ValueError("the key is never written")
+        elif info.data.get("key") in value:
+            raise ValueError(f"may not name the key {info.data['key']!r}: a row's key goes into its events, "
+                             "checkpoints, cursor range bounds and the run's output, so a key is never sensitive")
         return value
 
     @field_validator("compute")
@@ -146,8 +182,11 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     @field_validator("where")
     @classmethod
     def _where(cls, value: str | None) -> str | None:
-        if value is not None and (not value.strip() or ";" in value):
-            raise ValueError("must be one SQL condition (no ';')")
+        if value is not None:
+            try:
+                parse_where(value)
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("where: ")) from None
         return value
 
     @field_validator("event")
@@ -197,9 +236,9 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
             kind = KEY_TYPES.get(key.base_type)
             if kind is None:
                 raise ConfigError(f"must be of type uuid, bigint or integer, got {key.sql_type}", field="key")
-            if not has_unique_index(conn, table, self.key):
-                raise ConfigError(f"{self.key} must be unique and indexed (a primary key or a unique index)",
-                                  field="key")
+            problem = key_problem(conn, table.relation, self.key)
+            if problem is not None:
+                raise ConfigError(problem, field="key")
             due = None
             if self.due is not None:
                 due = table.columns.get(self.due)
@@ -207,12 +246,15 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
                     raise ConfigError(f"{self.table} has no column {self.due!r}", field="due")
                 if due.base_type != "date":
                     raise ConfigError(f"must be a date column, {self.due} is {due.sql_type}", field="due")
+            where_columns: tuple[str, ...] = ()
             if self.where is not None:
                 _check_where(conn, table, self.where)
+                read = {self.key, *self.columns, *((self.due,) if self.due else ())}
+                where_columns = _where_columns(conn, table, self.where, read)
         return SweepTarget(
             name=self.name, table=table, key=key, kind=kind, columns=tuple(self.columns), due=due,
             writes=tuple(self.writes), sensitive=frozenset(self.sensitive), where=self.where, event=self.event,
-            compute=compute, outbox=outbox,
+            compute=compute, outbox=outbox, where_columns=where_columns,
         )
 
     def check_database(self, engine: sa.Engine) -> None:
@@ -268,6 +310,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
         return build(SweepJob(
             name=self.name, description=description, prepare=prepare, source=source,
             modes=("delta", "full") if self.due is not None else ("full",),
+            settings=DeclaredDeltaFullSettings if self.due is not None else DeclaredFullSettings,
             asset_key=asset_key_of(self.asset_key) if self.asset_key else None,
             # One spec per table, whatever sweeps read it: two sweeps over a table share its source asset. In a team's
             # project Dagster stamps each declaration's definitions with its origin, so two specs never match: there
@@ -303,6 +346,32 @@ def _check_where(conn: sa.Connection, table: Table, where: str) -> None:
             conn.execute(sa.text(f"EXPLAIN SELECT 1 FROM {table.relation} WHERE (\n{where}\n)"))  # noqa: S608
     except sa.exc.DBAPIError as exc:
         raise ConfigError(f"not a valid condition on {table.name}: {error_text(exc)}", field="where") from None
+
+
+def _where_columns(conn: sa.Connection, table: Table, where: str, read: set[str]) -> tuple[str, ...]:
+    """The table's columns `where` names that are not read anyway, in the table's order: read with every page so the
+    write fences them. A column whose type has no equality (point, xml, ...) cannot be fenced and is left out."""
+    named = parse_where(where).columns
+    fenced = []
+    for name in table.columns:
+        if name not in named or name in read:
+            continue
+        column = table.columns[name]
+        if not column.is_json and not _comparable(conn, table, column):
+            continue
+        fenced.append(name)
+    return tuple(fenced)
+
+
+def _comparable(conn: sa.Connection, table: Table, column: Column) -> bool:
+    """Whether the page write can compare the column's stored value with the value read (`IS NOT DISTINCT FROM`)."""
+    try:
+        with conn.begin_nested():
+            conn.execute(sa.text(f"EXPLAIN SELECT 1 FROM {table.relation} "  # noqa: S608 — a catalog column, quoted
+                                 f"WHERE {column.ident} IS NOT DISTINCT FROM {column.ident}"))
+    except sa.exc.DBAPIError:
+        return False
+    return True
 
 
 def _range_planner(target: SweepTarget, where: str | None) -> Callable[[sa.Connection, int], list[Any]]:
