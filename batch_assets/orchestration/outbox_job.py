@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
+from batch_assets.db.privileges import GUARDED, table
 from batch_assets.engine.settings import SweepSettings
 from batch_assets.errors import LockNotAcquired
 from batch_assets.locking.guard import job_guard
@@ -303,4 +304,6 @@ SPEC = JobSpec(
     asset_checks=[outbox_backlog],
     schedules=build_schedules,
     resources=sink_resources,
+    privileges=(*table("SELECT, UPDATE", "outbox_events"), *GUARDED),
+    lock_key=OUTBOX_RELAY_JOB_KEY,
 )

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_assets.db.migrate import MigrationSet
+from batch_assets.db.privileges import Privilege, declared_sweep
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.components.loader import DeclarationError, Declarations, from_config_error
 from batch_assets.orchestration.defaults import REPOSITORY, LocationDefaults
@@ -126,6 +127,20 @@ class Project:
             return found
         known = ", ".join(spec.name for spec in self.all_specs())
         raise ConfigError(f"unknown job {job_name!r}; known: {known or 'none'}", field="job")
+
+    def privileges_of(self, spec: JobSpec) -> tuple[Privilege, ...]:
+        """The grants a run of `spec` needs: its own (the library's bookkeeping, a queue's table) and, for a declared
+        sweep, those on the team's table and the outbox its events go to (docs/production/privileges.md)."""
+        from batch_assets.orchestration.components.sweep_component import SweepComponent
+
+        for loaded in self.built_declarations():
+            component = loaded.component
+            if isinstance(component, SweepComponent) and any(
+                    built is spec for built in component.built_specs(self.defaults, loaded.path.parent)):
+                read = (component.key, *component.columns, *((component.due,) if component.due else ()))
+                outbox = self.defaults.outbox_table if component.event else None
+                return declared_sweep(component.table, read, component.writes, outbox)
+        return spec.privileges
 
     # --- queues ---------------------------------------------------------------------------------------
 

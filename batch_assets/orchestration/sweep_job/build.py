@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from batch_assets.db.privileges import SWEEP_BOOKKEEPING
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
 from batch_assets.orchestration.config import config_class
@@ -89,6 +90,7 @@ def build_sweep_job(job: SweepJob) -> JobSpec:
         schedules=schedule_builder(job, names, asset_job) if job.schedules else None,
         release_after_failure=release_job_lock(names.lock), mapped_op=names.range_op,
         merge_records=merge_range_records, resources=job.resources, database_url=job.database_url,
+        privileges=SWEEP_BOOKKEEPING, lock_key=names.lock,
     )
 
 
