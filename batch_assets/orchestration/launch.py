@@ -253,7 +253,7 @@ def _result_of(instance: dg.DagsterInstance, result: Any, settings: Settings, sp
     status = run.status.value if run is not None else ("SUCCESS" if result.success else "FAILURE")
     try:
         with job_engine(spec, settings) as engine:
-            summary = read_summary(run_id, engine, spec)
+            summary = read_summary(run_id, engine, spec, result.all_events)
         read_error = None
     except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
         summary, read_error = None, f"the run's summary could not be read: {error_text(exc)}"

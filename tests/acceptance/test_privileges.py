@@ -198,3 +198,43 @@ def test_each_missing_grant_of_a_sweep_is_named(
                                "(docs: production/privileges)"
     assert scalar(roles.engine, "SELECT count(*) FROM accounts WHERE tier IS NOT NULL") == 0
     assert scalar(roles.engine, "SELECT count(*) FROM ba_run_history") == 0
+
+
+REVOKE_FUNCTION = """
+CREATE FUNCTION test_revoke_run_history() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'ba_checkpoints'
+       OR (SELECT count(*) FROM ba_run_history WHERE run_id = (SELECT max(run_id) FROM new_rows)) >= 4 THEN
+        EXECUTE 'REVOKE INSERT ON ba_run_history FROM ' || quote_ident(TG_ARGV[0]);
+    END IF;
+    RETURN NULL;
+END $$;
+"""
+
+
+@pytest.mark.parametrize("when", ["at the plan", "after every range recorded its own"])
+def test_a_run_whose_run_history_is_revoked_mid_run_counts_what_it_committed(
+    roles: Roles, defs: Path, tmp_path: Path, key_text: str, when: str
+) -> None:
+    """INSERT on ba_run_history revoked while the run works (after the CLI's check passed): the run ends FAILURE
+    (exit 1, its record is missing) and its JSON line counts exactly the rows and events it committed: not 0 when
+    no summary could be recorded, and not twice when the ranges' records are there but the run's is not."""
+    migrated(roles, defs, tmp_path, key_text)
+    run_as_superuser(roles.url, "\n".join(roles.sql(b) for b in ("every-job", "sweep")))
+    table = "ba_checkpoints" if when == "at the plan" else "ba_run_history"
+    run_as_superuser(roles.url, REVOKE_FUNCTION + f"""
+        CREATE TRIGGER test_revoke AFTER INSERT ON {table} REFERENCING NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION test_revoke_run_history('{roles.runner}');""")
+    env = env_for(roles.url_of(roles.runner), defs, tmp_path, key_text)
+
+    result = run_cli(env, "jobs", "run", "loyalty_tier", "--set", "mode=full", "--set", f"run_date={RUN_DATE}")
+    assert result.returncode == 1, result.describe()
+    line = result.summary
+    assert line is not None and line["status"] == "FAILURE", result.describe()
+    assert "not recorded in run history" in line["error"] and "ba_run_history" in line["error"], line["error"]
+    written = scalar(roles.engine, "SELECT count(*) FROM accounts WHERE tier IS NOT NULL")
+    events = scalar(roles.engine, "SELECT count(*) FROM outbox_events WHERE event_type = 'tier_changed'")
+    assert (written, events) == (999, 999)
+    assert (line["scanned"], line["changed"], line["failed"], line["audit_events"]) == (1000, written, 1, events)
+    recorded = scalar(roles.engine, "SELECT count(*) FROM ba_run_history")
+    assert recorded == (0 if when == "at the plan" else 4), "the ranges' records are there, the run's is not"
