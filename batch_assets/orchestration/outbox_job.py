@@ -34,7 +34,7 @@ from batch_assets.orchestration.ops import (
     validated_plan,
 )
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
-from batch_assets.orchestration.spec import JobSpec
+from batch_assets.orchestration.spec import LOCK_TAG, JobSpec
 from batch_assets.outbox import sql
 from batch_assets.outbox.relay import (
     OutboxRelayJobSettings,
@@ -222,7 +222,7 @@ def relay_outbox_events(
 
 
 @dg.job(description="Relay PENDING outbox events to the sink and mark them SENT (one pass, or follow).",
-        tags={"batch_assets/kind": "outbox"})
+        tags={"batch_assets/kind": "outbox", LOCK_TAG: OUTBOX_RELAY_JOB_KEY})
 def outbox_relay_job() -> None:
     relay_outbox_events()
 
