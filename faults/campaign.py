@@ -58,6 +58,7 @@ FAULT_LABEL = {
     "broker_down": "broker unreachable before the first batch",
     "broker_stop": "broker stopped mid-batch, started again",
     "host_lost": "kill -9 of every process of one host (of 3, namespaces)",
+    "missing_privileges": "missing privileges (a role lacking one grant)",
 }
 BROKER_FAULTS = ("broker_down", "broker_cut", "broker_mute", "broker_stop")
 BROKERS = ("rabbitmq", "nats")
@@ -408,6 +409,8 @@ class Campaign:
                 self._concurrent_fault(spec, res)
             elif spec.job == "sweep" and spec.fault == "hostile":
                 self._hostile_sweep_fault(spec, res)
+            elif spec.job == "sweep" and spec.fault == "missing_privileges":
+                self._privileges_fault(spec, res)
             elif spec.job == "sweep":
                 self._sweep_fault(spec, res)
             elif spec.job == "queue":
@@ -543,6 +546,64 @@ class Campaign:
         engine.dispose()
         self._scan_outbox(db)
         self.pg.drop_database(db)
+
+    def _privileges_fault(self, spec: FaultSpec, res: FaultResult) -> None:
+        """The sweep run by a role that has the grants of docs/production/privileges.md but one (chosen by the
+        seed among the bookkeeping's): exit 2 before anything is read, one line naming exactly that grant, not a
+        row, event, checkpoint, lock or run record written, no secret printed; then, the grant given back, the same
+        command recovers."""
+        from batch_assets.db.privileges import SWEEP_BOOKKEEPING
+
+        mode = spec.mode or "full"
+        db = self.clone("tpl_fresh" if mode == "full" else "tpl_settled")
+        role = f"ba_limited_{db}"  # the campaign's own name: letters, digits, _
+        missing = random.Random(res.seed).choice(SWEEP_BOOKKEEPING)
+        on = f"{missing.kind.upper()} {missing.on}" if missing.kind != "table" else missing.on
+        revoke = f"REVOKE {missing.privilege} ON {on} FROM {role}"
+        admin = self.pg.admin_engine(db)
+        try:
+            with admin.connect() as conn:
+                grants = "\n".join(_page_grants(block) for block in ("every-job", "reference"))
+                conn.exec_driver_sql(grants.replace("batch_runner", role).replace("DATABASE app", f'DATABASE "{db}"'))
+                # The password is the campaign's generated token (URL-safe), so the secret scan looks for it.
+                conn.exec_driver_sql(f"ALTER ROLE {role} PASSWORD '{self.pg.password}'")
+                conn.exec_driver_sql(revoke)
+            counts = _bookkeeping_counts(admin)
+            url = f"postgresql+psycopg://{role}:{self.pg.password}@127.0.0.1:{self.pg.port}/{db}"
+            env = {**self.env_for(db), "BATCH_ASSETS_DATABASE_URL": url}
+            args = ["sweep", "customer-status", "--mode", mode, "--run-date", self.run_date.isoformat(),
+                    "--workers", str(spec.workers)]
+            res.injected, res.injected_note = True, f"the role lacks {missing}"
+            faulted = self.cli(db, *args, env=env)
+            res.faulted = faulted.brief()
+            lines = [line for line in faulted.stderr.splitlines() if line.strip()]
+            expected = f"error: database: permission denied: the role needs {missing} (docs: production/privileges)"
+            wrong = []
+            if faulted.rc != EXIT_USAGE or faulted.status != "FAILURE":
+                wrong.append(f"exit {faulted.rc} {faulted.status}, not 2 FAILURE")
+            if lines != [expected]:
+                wrong.append(f"stderr {len(lines)} line(s): {(lines or [''])[-1][:160]}")
+            changed = {k: (v, after) for k, v in counts.items() if (after := _bookkeeping_counts(admin)[k]) != v}
+            if changed:
+                wrong.append(f"written: {changed}")
+            res.truth_violation = "; ".join(wrong) or None
+            with admin.connect() as conn:
+                conn.exec_driver_sql(revoke.replace("REVOKE", "GRANT", 1).replace(" FROM ", " TO "))
+            self.recover(db, args, res, time.monotonic(), env=env)
+            engine = self.admin(db)
+            with engine.connect() as conn:
+                res.report = checker.check_customers(conn, self.key_text, self.run_date, checker.DEFAULT_RULES,
+                                                     checker.take_baseline(conn))
+            engine.dispose()
+        finally:
+            admin.dispose()
+            self.pg.drop_database(db)
+            drop = self.pg.admin_engine()
+            try:
+                with drop.connect() as conn:
+                    conn.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+            finally:
+                drop.dispose()
 
     def must_env(self, db: str, args: list[str]) -> None:
         self.must(db, *args)
@@ -1195,6 +1256,33 @@ $$""")
         self.secrets["hits"] = sorted(set(self.secrets.get("hits", [])))
 
 
+PRIVILEGES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "production" / "privileges.md"
+
+
+def _page_grants(block: str) -> str:
+    """The ```sql block after `<!-- grants:BLOCK -->` on the privileges page (the grants a DBA runs)."""
+    import re
+
+    after = PRIVILEGES_PAGE.read_text().split(f"<!-- grants:{block} -->", 1)[1]
+    found = re.match(r"\s*```sql\n(.*?)\n```", after, re.DOTALL)
+    if found is None:
+        raise RuntimeError(f"{PRIVILEGES_PAGE}: no ```sql block after grants:{block}")
+    return found.group(1)
+
+
+BOOKKEEPING_COUNTS = {
+    "computed": "SELECT count(*) FROM customers WHERE age_category IS NOT NULL",
+    "events": "SELECT count(*) FROM outbox_events", "triggers": "SELECT count(*) FROM review_triggers",
+    "checkpoints": "SELECT count(*) FROM ba_checkpoints", "run history": "SELECT count(*) FROM ba_run_history",
+    "locks": "SELECT count(*) FROM ba_job_locks", "leases": "SELECT count(*) FROM ba_leases",
+}
+
+
+def _bookkeeping_counts(engine: sa.Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {name: int(conn.exec_driver_sql(query).scalar() or 0) for name, query in BOOKKEEPING_COUNTS.items()}
+
+
 def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
          brokers: tuple[str, ...] = ()) -> list[FaultSpec]:
     """The seeded list of faults: kinds, modes and injection points."""
@@ -1205,7 +1293,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
         return rng.choice((1, 2, 4))
 
     if quick:
-        # Eleven faults, one of each family, within the CI budget (~6 min on 2 cores).
+        # Twelve faults, one of each family, within the CI budget (~7 min on 2 cores).
         return [
             FaultSpec("sweep", "concurrent", "full", 0.0, workers()),
             FaultSpec("sweep", "hostile", "full", at(), workers()),
@@ -1214,6 +1302,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
             FaultSpec("sweep", "restart_fast", "delta", at(), workers()),
             FaultSpec("sweep", "kill9", "config-change", at(), workers()),
             FaultSpec("sweep", "write_errors", "delta", 0.0, workers()),
+            FaultSpec("sweep", "missing_privileges", "full", 0.0, workers()),
             FaultSpec("queue", "limits_flaky", None, at()),
             FaultSpec("expiry", "kill9", None, at()),
             FaultSpec("relay", "restart_immediate", None, at()),
@@ -1242,6 +1331,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
             specs.append(FaultSpec("sweep", "concurrent", mode, 0.0, workers()))
     for mode in ("full", "delta", "config-change"):
         specs.append(FaultSpec("sweep", "hostile", mode, at(), workers()))
+        specs.append(FaultSpec("sweep", "missing_privileges", mode, 0.0, workers()))
     for fault in ("kill9", "sigterm", "terminate", "restart_fast", "limits_down", "limits_hang", "limits_flaky",
                   "limits_503", "hostile", "hostile", "hostile"):
         specs.append(FaultSpec("queue", fault, None, at()))
