@@ -7,33 +7,18 @@ the job lock itself (exit 75)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import dagster as dg
 import pytest
 
 from batch_assets.definitions import PROJECT
 from batch_assets.definitions import defs as load_defs
 from batch_assets.orchestration.code_location import job_origin
-from batch_assets.orchestration.instance_home import repo_root
 from batch_assets.orchestration.spec import LOCK_TAG
 from batch_assets.reference.customer_status.dagster import SWEEP_ASSET_KEYS
-from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster
 
 LOCK = "customer_status_sweep"
-
-
-@pytest.fixture
-def instance(dagster_env: Settings) -> dg.DagsterInstance:
-    """The instance the project's own dagster.yaml gives (the batch_assets run coordinator)."""
-    home = Path(os.environ["DAGSTER_HOME"])
-    home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(repo_root() / "dagster.yaml", home / "dagster.yaml")
-    return dg.DagsterInstance.get()
 
 
 def submit(instance: dg.DagsterInstance, job_name: str, **kwargs: object) -> dg.DagsterRun:
@@ -50,12 +35,12 @@ def reason(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str:
     return " ".join(str(e.message or "") for e in instance.all_logs(run.run_id))
 
 
-def test_a_second_run_of_the_sweep_is_refused_while_one_is_queued(instance: dg.DagsterInstance) -> None:
+def test_a_second_run_of_the_sweep_is_refused_while_one_is_queued(project_instance: dg.DagsterInstance) -> None:
     """The asset job queued (a schedule tick): the op job, the asset job again and a Materialize of its assets are
     each CANCELED at once with the reason; another lock group's run and, once the first run ended, the next trigger
     are queued."""
     assert PROJECT.spec_for("customer_status_sweep_job").lock_key == LOCK
-    with instance:
+    with project_instance as instance:
         first = submit(instance, "customer_status_asset_job")
         assert first.status == dg.DagsterRunStatus.QUEUED and first.tags[LOCK_TAG] == LOCK
 
@@ -72,9 +57,9 @@ def test_a_second_run_of_the_sweep_is_refused_while_one_is_queued(instance: dg.D
         assert after.status == dg.DagsterRunStatus.QUEUED, "with no run in progress, a trigger is queued"
 
 
-def test_a_run_in_progress_refuses_a_trigger_of_its_group(instance: dg.DagsterInstance) -> None:
+def test_a_run_in_progress_refuses_a_trigger_of_its_group(project_instance: dg.DagsterInstance) -> None:
     """A run that has started (a CLI run, or one the queue launched) refuses a schedule's tick of the same sweep."""
-    with instance:
+    with project_instance as instance:
         running = submit(instance, "customer_status_sweep_job")
         instance.handle_run_event(running.run_id, dg.DagsterEvent(
             event_type_value=dg.DagsterEventType.RUN_START.value, job_name=running.job_name, message="started"))
