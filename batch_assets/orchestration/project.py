@@ -50,6 +50,9 @@ class Project:
     """`module:NAME` of each of the location's own queues (not declared in a defs.yaml)."""
     migrations: tuple[MigrationSet, ...] = ()
     """The location's own migration sets, applied after the library's (which is always applied first)."""
+    privileges: Mapping[str, tuple[Privilege, ...]] = field(default_factory=dict)
+    """The location's own jobs (by op job name) → the grants they need on the location's own tables, besides what
+    their specs name (the library's bookkeeping): checked before the CLI launches one."""
     defaults: LocationDefaults = REPOSITORY
     declarations: Callable[[], Declarations] = Declarations
     """The location's declarations (defs.yaml components) and the ones that cannot work."""
@@ -129,8 +132,9 @@ class Project:
         raise ConfigError(f"unknown job {job_name!r}; known: {known or 'none'}", field="job")
 
     def privileges_of(self, spec: JobSpec) -> tuple[Privilege, ...]:
-        """The grants a run of `spec` needs: its own (the library's bookkeeping, a queue's table) and, for a declared
-        sweep, those on the team's table and the outbox its events go to (docs/production/privileges.md)."""
+        """The grants a run of `spec` needs: its own (the library's bookkeeping, a queue's table), those the location
+        lists for it (`privileges`) and, for a declared sweep, those on the team's table and the outbox its events go
+        to (docs/production/privileges.md)."""
         from batch_assets.orchestration.components.sweep_component import SweepComponent
 
         for loaded in self.built_declarations():
@@ -140,7 +144,7 @@ class Project:
                 read = (component.key, *component.columns, *((component.due,) if component.due else ()))
                 outbox = self.defaults.outbox_table if component.event else None
                 return declared_sweep(component.table, read, component.writes, outbox)
-        return spec.privileges
+        return (*spec.privileges, *self.privileges.get(spec.name, ()))
 
     # --- queues ---------------------------------------------------------------------------------------
 

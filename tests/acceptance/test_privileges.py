@@ -9,6 +9,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,25 +58,15 @@ class Roles:
         return make_url(self.url).set(username=role, password=None).render_as_string(hide_password=False)
 
 
-@pytest.fixture
-def roles(empty_db_url: str, admin_engine: sa.Engine) -> Iterator[Roles]:
-    """Three roles: the team's (it owns the example tables), the owner (migrates), the runner (runs the jobs). Each
-    is dropped with what it owns and was granted, also when the test fails."""
+@contextmanager
+def roles_on(url: str) -> Iterator[Roles]:
+    """Three roles of this test on the database `url` (the team's, the owner, the runner); each is dropped with what
+    it owns and was granted, also when the test fails."""
     suffix = uuid.uuid4().hex[:10]
-    database = str(make_url(empty_db_url).database)
-    engine = sa.create_engine(empty_db_url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
-    found = Roles(f"ba_own_{suffix}", f"ba_run_{suffix}", f"ba_team_{suffix}", database, empty_db_url, engine)
+    database = str(make_url(url).database)
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+    found = Roles(f"ba_own_{suffix}", f"ba_run_{suffix}", f"ba_team_{suffix}", database, url, engine)
     try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql(f'CREATE ROLE "{found.team}" NOLOGIN')
-            conn.exec_driver_sql(f'GRANT CREATE ON SCHEMA public TO "{found.team}"')
-            conn.exec_driver_sql(f'SET ROLE "{found.team}"')
-            conn.exec_driver_sql((REPO / "examples" / "loyalty" / "accounts.sql").read_text())
-            conn.exec_driver_sql((REPO / "examples" / "notifications" / "schema.sql").read_text())
-            conn.exec_driver_sql(
-                "INSERT INTO notifications (recipient, body) SELECT 'user' || g || '@example.com', 'hello' "
-                "FROM generate_series(1, 40) AS g")
-            conn.exec_driver_sql("RESET ROLE")
         yield found
     finally:
         with engine.connect() as conn:
@@ -88,6 +79,22 @@ def roles(empty_db_url: str, admin_engine: sa.Engine) -> Iterator[Roles]:
                     conn.exec_driver_sql(f'DROP OWNED BY "{role}" CASCADE')
                     conn.exec_driver_sql(f'DROP ROLE "{role}"')
         engine.dispose()
+
+
+@pytest.fixture
+def roles(empty_db_url: str) -> Iterator[Roles]:
+    """A new database whose example tables (accounts, notifications) the team's role owns."""
+    with roles_on(empty_db_url) as found, found.engine.connect() as conn:
+        conn.exec_driver_sql(f'CREATE ROLE "{found.team}" NOLOGIN')
+        conn.exec_driver_sql(f'GRANT CREATE ON SCHEMA public TO "{found.team}"')
+        conn.exec_driver_sql(f'SET ROLE "{found.team}"')
+        conn.exec_driver_sql((REPO / "examples" / "loyalty" / "accounts.sql").read_text())
+        conn.exec_driver_sql((REPO / "examples" / "notifications" / "schema.sql").read_text())
+        conn.exec_driver_sql(
+            "INSERT INTO notifications (recipient, body) SELECT 'user' || g || '@example.com', 'hello' "
+            "FROM generate_series(1, 40) AS g")
+        conn.exec_driver_sql("RESET ROLE")
+        yield found
 
 
 @pytest.fixture
@@ -238,3 +245,62 @@ def test_a_run_whose_run_history_is_revoked_mid_run_counts_what_it_committed(
     assert (line["scanned"], line["changed"], line["failed"], line["audit_events"]) == (1000, written, 1, events)
     recorded = scalar(roles.engine, "SELECT count(*) FROM ba_run_history")
     assert recorded == (0 if when == "at the plan" else 4), "the ranges' records are there, the run's is not"
+
+
+def test_the_pages_grants_run_the_reference_jobs(db_url: str, tmp_path: Path, key_text: str) -> None:
+    """This repository's own jobs with the page's grants for them (every job's and the reference block), on a database
+    the owner migrated: the customer-status sweep, the subscription expiry, the payments queue, the outbox relay and
+    retention each succeed."""
+    with roles_on(db_url) as found:
+        (tmp_path / "no_defs").mkdir()
+        env = env_for(db_url, tmp_path / "no_defs", tmp_path, key_text)
+        for seed in (("seed", "customers", "--rows", "300", "--run-date", RUN_DATE),
+                     ("seed", "subscriptions", "--rows", "50", "--run-date", RUN_DATE),
+                     ("seed", "payments", "--rows", "30")):
+            seeded = run_cli(env, *seed)
+            assert seeded.returncode == EXIT_OK, seeded.describe()
+        run_as_superuser(db_url, "\n".join(found.sql(b) for b in ("every-job", "reference")))
+        runner = {**env, "BATCH_ASSETS_DATABASE_URL": found.url_of(found.runner),
+                  "BATCH_ASSETS_OUTBOX_SINK": f"file:{tmp_path / 'sink.jsonl'}"}
+        for job in (("sweep", "customer-status", "--mode", "full", "--run-date", RUN_DATE),
+                    ("sweep", "customer-status", "--mode", "delta", "--run-date", RUN_DATE),
+                    ("subscriptions", "expire", "--run-date", RUN_DATE),
+                    ("queue", "work", "--drain"),
+                    ("outbox", "relay"),
+                    ("retention", "run")):
+            result = run_cli(runner, *job)
+            assert result.returncode == EXIT_OK, result.describe()
+            assert result.summary is not None and result.summary["status"] == "SUCCESS", result.describe()
+        assert scalar(found.engine, "SELECT count(*) FROM customers WHERE age_category IS NULL") \
+            <= scalar(found.engine, "SELECT count(*) FROM customers WHERE review_failure IS NOT NULL")
+        assert scalar(found.engine, "SELECT count(*) FROM subscriptions WHERE status = 'EXPIRED'") > 0
+        # The simulated handler fails some attempts on purpose: those wait for their backoff, nothing stays claimed.
+        assert scalar(found.engine, "SELECT count(*) FROM payments WHERE status = 'DONE'") > 0
+        assert scalar(found.engine, "SELECT count(*) FROM payments WHERE status = 'PROCESSING'") == 0
+        assert scalar(found.engine, "SELECT count(*) FROM outbox_events WHERE status = 'PENDING'") == 0
+
+
+@pytest.mark.parametrize(("job", "revoked", "named"), [
+    (("sweep", "customer-status", "--mode", "full", "--run-date", RUN_DATE),
+     "REVOKE SELECT ON review_triggers FROM {runner}", "SELECT (customer_id) on review_triggers"),
+    (("subscriptions", "expire", "--run-date", RUN_DATE),
+     "REVOKE DELETE ON enrollments FROM {runner}", "DELETE on enrollments"),
+])
+def test_a_reference_job_missing_a_grant_on_its_own_tables_is_refused(
+    db_url: str, tmp_path: Path, key_text: str, job: tuple[str, ...], revoked: str, named: str
+) -> None:
+    """The reference block less one grant on the reference project's own tables: exit 2 naming it, not a run whose
+    every row fails to write."""
+    with roles_on(db_url) as found:
+        (tmp_path / "no_defs").mkdir()
+        env = env_for(db_url, tmp_path / "no_defs", tmp_path, key_text)
+        for seed in (("seed", "customers", "--rows", "100", "--run-date", RUN_DATE),
+                     ("seed", "subscriptions", "--rows", "20", "--run-date", RUN_DATE)):
+            assert run_cli(env, *seed).returncode == EXIT_OK
+        run_as_superuser(db_url, "\n".join(found.sql(b) for b in ("every-job", "reference")))
+        run_as_superuser(db_url, revoked.format(runner=f'"{found.runner}"'))
+        result = run_cli({**env, "BATCH_ASSETS_DATABASE_URL": found.url_of(found.runner)}, *job)
+        assert result.returncode == EXIT_USAGE, result.describe()
+        assert one_line(result) == f"error: database: permission denied: the role needs {named} " \
+                                   "(docs: production/privileges)"
+        assert scalar(found.engine, "SELECT count(*) FROM ba_run_history") == 0
