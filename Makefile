@@ -63,7 +63,7 @@ clean:
 # The fault campaign (issues 8, 15): real processes on a PostgreSQL server, a Redis and a
 # limits stub that the campaign owns, plus writers of its own beside the jobs (a concurrent
 # encrypted_dob editor, hostile rows, the outbox relay to RabbitMQ and NATS). `faults` (77 faults with both
-# brokers, ~55 min) rewrites docs/reliability.md; `faults-quick` (12 faults, one of each kind, ~7 min, CI)
+# brokers, ~55 min) rewrites docs/reliability.md; `faults-quick` (14 faults, one of each kind, ~7 min, CI)
 # writes its report to a temp file.
 # `FAULTS_ARGS="--only hostile"` runs only the faults whose label contains the text.
 FAULTS_ARGS ?=

@@ -88,6 +88,9 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "driver_connection": ("batch_assets.db.engine", "driver_connection"),
     "is_transient": ("batch_assets.db.engine", "is_transient"),
     "translated_error": ("batch_assets.db.engine", "translated_error"),
+    "Privilege": ("batch_assets.db.privileges", "Privilege"),
+    "table_privileges": ("batch_assets.db.privileges", "table"),
+    "GUARDED_PRIVILEGES": ("batch_assets.db.privileges", "GUARDED"),
     # Dagster: the job builders and a code location
     "SweepJob": ("batch_assets.orchestration.sweep_job", "SweepJob"),
     "SweepNames": ("batch_assets.orchestration.sweep_job", "SweepNames"),
@@ -159,6 +162,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what type checkers see: the same names, imported eagerly
     from batch_assets.db.engine import driver_connection, is_transient, translated_error
     from batch_assets.db.migrate import MigrationSet
+    from batch_assets.db.privileges import GUARDED as GUARDED_PRIVILEGES
+    from batch_assets.db.privileges import Privilege
+    from batch_assets.db.privileges import table as table_privileges
     from batch_assets.engine.definition import (
         UNCHANGED,
         CheckpointStoreLike,

@@ -30,6 +30,17 @@ class ConfigError(BatchAssetsError):
         super().__init__(f"{field}: {message}" if field else message)
 
 
+PRIVILEGES_DOCS = "docs: production/privileges"
+"""Where a refused grant points: the page that lists every grant each job needs."""
+
+
+class PermissionDenied(ConfigError):
+    """The database role lacks a grant: exit 2, one line naming it and the page that lists the grants."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"permission denied: {what} ({PRIVILEGES_DOCS})", field="database")
+
+
 class DatabaseUnavailable(BatchAssetsError):
     """The database cannot be reached; the message is one line naming host and cause."""
 

@@ -42,7 +42,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def record(
-    engine: sa.Engine,
+    target: sa.Engine | sa.Connection,
     *,
     run_id: str,
     job: str,
@@ -52,19 +52,22 @@ def record(
     mode: str | None = None,
     run_date: date | None = None,
 ) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            INSERT_SUMMARY,
-            {
-                "run_id": run_id,
-                "job": job,
-                "mode": mode,
-                "run_date": run_date,
-                "status": status,
-                "started_at": started_at,
-                "summary": json.dumps(summary, default=_jsonable),
-            },
-        )
+    """Insert a run's summary: in a transaction of its own on an engine, or in the caller's on a connection (a
+    job's ops pass one whose transaction is bounded: db.timeouts.bounded)."""
+    params = {
+        "run_id": run_id,
+        "job": job,
+        "mode": mode,
+        "run_date": run_date,
+        "status": status,
+        "started_at": started_at,
+        "summary": json.dumps(summary, default=_jsonable),
+    }
+    if isinstance(target, sa.Connection):
+        target.execute(INSERT_SUMMARY, params)
+        return
+    with target.begin() as conn:
+        conn.execute(INSERT_SUMMARY, params)
 
 
 ALL_SUMMARIES = sa.text("SELECT summary FROM ba_run_history WHERE run_id = :run_id ORDER BY id")

@@ -26,7 +26,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m faults", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="12 faults, one of each kind (CI); writes a temp report")
+    p.add_argument("--quick", action="store_true", help="14 faults, one of each kind (CI); writes a temp report")
     p.add_argument("--seed", type=int, default=None, help="the campaign seed (default: the time)")
     p.add_argument("--output", default=None, help="report path (default docs/reliability.md; quick: a temp file)")
     p.add_argument("--only", action="append", default=None,

@@ -9,6 +9,7 @@ runs and their time, the checker's report).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -58,6 +59,7 @@ FAULT_LABEL = {
     "broker_down": "broker unreachable before the first batch",
     "broker_stop": "broker stopped mid-batch, started again",
     "host_lost": "kill -9 of every process of one host (of 3, namespaces)",
+    "missing_privileges": "missing privileges (a role lacking one grant)",
 }
 BROKER_FAULTS = ("broker_down", "broker_cut", "broker_mute", "broker_stop")
 BROKERS = ("rabbitmq", "nats")
@@ -408,6 +410,8 @@ class Campaign:
                 self._concurrent_fault(spec, res)
             elif spec.job == "sweep" and spec.fault == "hostile":
                 self._hostile_sweep_fault(spec, res)
+            elif spec.fault == "missing_privileges":
+                self._privileges_fault(spec, res)
             elif spec.job == "sweep":
                 self._sweep_fault(spec, res)
             elif spec.job == "queue":
@@ -543,6 +547,93 @@ class Campaign:
         engine.dispose()
         self._scan_outbox(db)
         self.pg.drop_database(db)
+
+    def _privileges_fault(self, spec: FaultSpec, res: FaultResult) -> None:
+        """A job run by a role that has the grants of docs/production/privileges.md but one (the seed picks it among
+        those the job needs): exit 2 before anything is read, one line naming exactly that grant, nothing written (not
+        a row, event, claim, checkpoint, lock or run record), no secret printed; then, the grant given back, the same
+        command recovers and every invariant holds."""
+        from batch_assets.db.privileges import QUEUE_BOOKKEEPING, SWEEP_BOOKKEEPING, queue_table
+        from batch_assets.reference.privileges import SWEEP
+
+        queue = spec.job == "queue"
+        db = self.clone("tpl_settled" if queue or spec.mode != "full" else "tpl_fresh")
+        engine = self.admin(db)
+        role = f"ba_limited_{db}"  # the campaign's own name: letters, digits, _
+        needed = (*QUEUE_BOOKKEEPING, *queue_table("payments")) if queue else (*SWEEP_BOOKKEEPING, *SWEEP)
+        missing = random.Random(res.seed).choice(needed)
+        try:
+            if queue:
+                with engine.begin() as conn:
+                    checker.install_done_audit(conn)
+                self.must(db, "queue", "enqueue", "--count", str(self.sizes.payments), "--seed", str(res.seed))
+                self.stub.reset_counts()
+                args = ["queue", "work", "--concurrency", "4", *self.drain_flag]
+            else:
+                args = ["sweep", "customer-status", "--mode", spec.mode or "full", "--run-date",
+                        self.run_date.isoformat(), "--workers", str(spec.workers)]
+            revoke = self._limited_role(db, role, missing)
+            url = f"postgresql+psycopg://{role}:{self.pg.password}@127.0.0.1:{self.pg.port}/{db}"
+            env = {**self.env_for(db), "BATCH_ASSETS_DATABASE_URL": url}
+            # A grant on some columns is refused naming the first of them (the page grants the whole table).
+            named = dataclasses.replace(missing, columns=missing.columns[:1])
+            before = _written_counts(engine)
+            res.injected, res.injected_note = True, f"the role lacks {named}"
+            faulted = self.cli(db, *args, env=env)
+            res.faulted = faulted.brief()
+            res.truth_violation = _refusal_violation(faulted, str(named), before, _written_counts(engine))
+            with engine.connect() as conn:
+                conn.exec_driver_sql(revoke.replace("REVOKE", "GRANT", 1).replace(" FROM ", " TO "))
+                conn.commit()
+            self._recover_with_grant(db, args, env, res, queue)
+        finally:
+            engine.dispose()
+            self.pg.drop_database(db)
+            self.pg.drop_role(role)
+
+    def _limited_role(self, db: str, role: str, missing: Any) -> str:
+        """`role` with the page's grants for every job and the reference jobs, its password the campaign's (which the
+        secret scan looks for), less `missing`; returns the REVOKE statement."""
+        on = missing.on if missing.kind == "table" else f"{missing.kind.upper()} {missing.on}"
+        # A function is executable by PUBLIC unless a DBA revoked that: the role lacks it only without both.
+        holders = f"PUBLIC, {role}" if missing.kind == "function" else role
+        revoke = f"REVOKE {missing.privilege} ON {on} FROM {holders}"
+        admin = self.pg.admin_engine(db)
+        try:
+            with admin.connect() as conn:
+                grants = "\n".join(_page_grants(block) for block in ("every-job", "reference"))
+                conn.exec_driver_sql(grants.replace("batch_runner", role).replace("DATABASE app", f'DATABASE "{db}"'))
+                # The password is a generated token of URL-safe characters; it cannot be a bound parameter.
+                conn.exec_driver_sql(f"ALTER ROLE {role} PASSWORD '{self.pg.password}'")
+                conn.exec_driver_sql(revoke)
+        finally:
+            admin.dispose()
+        return revoke
+
+    def _recover_with_grant(self, db: str, args: list[str], env: dict[str, str], res: FaultResult,
+                            queue: bool) -> None:
+        """The same command, with the grant back, until SUCCESS; then the job's invariants."""
+        engine = self.admin(db)
+        try:
+            if queue:
+                def all_done(_: CliResult) -> bool:
+                    with engine.connect() as conn:
+                        return not conn.exec_driver_sql("SELECT count(*) FROM payments WHERE status <> 'DONE'").scalar()
+
+                self.recover(db, args, res, time.monotonic(), env=env, done=all_done)
+                with engine.connect() as conn:
+                    res.report = checker.check_payments(conn, self.stub.posts, self.stub.accepted, complete=True)
+                self.secrets.setdefault("stub_bodies", []).extend(self.stub.bodies[:2000])
+                return
+            with engine.connect() as conn:
+                baseline = checker.take_baseline(conn)
+            self.recover(db, args, res, time.monotonic(), env=env)
+            with engine.connect() as conn:
+                res.report = checker.check_customers(conn, self.key_text, self.run_date, checker.DEFAULT_RULES,
+                                                     baseline)
+            self._scan_outbox(db)
+        finally:
+            engine.dispose()
 
     def must_env(self, db: str, args: list[str]) -> None:
         self.must(db, *args)
@@ -1193,6 +1284,51 @@ $$""")
         self.secrets["hits"] = sorted(set(self.secrets.get("hits", [])))
 
 
+PRIVILEGES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "production" / "privileges.md"
+
+
+def _page_grants(block: str) -> str:
+    """The ```sql block after `<!-- grants:BLOCK -->` on the privileges page (the grants a DBA runs)."""
+    import re
+
+    after = PRIVILEGES_PAGE.read_text().split(f"<!-- grants:{block} -->", 1)[1]
+    found = re.match(r"\s*```sql\n(.*?)\n```", after, re.DOTALL)
+    if found is None:
+        raise RuntimeError(f"{PRIVILEGES_PAGE}: no ```sql block after grants:{block}")
+    return found.group(1)
+
+
+WRITTEN_COUNTS = {
+    "computed": "SELECT count(*) FROM customers WHERE age_category IS NOT NULL",
+    "events": "SELECT count(*) FROM outbox_events", "triggers": "SELECT count(*) FROM review_triggers",
+    "claimed": "SELECT count(*) FROM payments WHERE status <> 'NEW' OR attempts > 0",
+    "queue state": "SELECT count(*) FROM ba_queue_state",
+    "checkpoints": "SELECT count(*) FROM ba_checkpoints", "run history": "SELECT count(*) FROM ba_run_history",
+    "locks": "SELECT count(*) FROM ba_job_locks", "leases": "SELECT count(*) FROM ba_leases",
+}
+"""What a refused job must not have written: counted before and after it."""
+
+
+def _written_counts(engine: sa.Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {name: int(conn.exec_driver_sql(query).scalar() or 0) for name, query in WRITTEN_COUNTS.items()}
+
+
+def _refusal_violation(result: CliResult, named: str, before: dict[str, int], after: dict[str, int]) -> str | None:
+    """What a run refused for lacking grant `named` did wrong: its exit, its stderr line, anything it wrote."""
+    wrong = []
+    if result.rc != EXIT_USAGE or result.status != "FAILURE":
+        wrong.append(f"exit {result.rc} {result.status}, not 2 FAILURE")
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    expected = f"error: database: permission denied: the role needs {named} (docs: production/privileges)"
+    if lines != [expected]:
+        wrong.append(f"stderr {len(lines)} line(s): {(lines or [''])[-1][:160]}")
+    changed = {name: (count, after[name]) for name, count in before.items() if after[name] != count}
+    if changed:
+        wrong.append(f"written: {changed}")
+    return "; ".join(wrong) or None
+
+
 def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
          brokers: tuple[str, ...] = ()) -> list[FaultSpec]:
     """The seeded list of faults: kinds, modes and injection points."""
@@ -1203,7 +1339,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
         return rng.choice((1, 2, 4))
 
     if quick:
-        # Eleven faults, one of each family, within the CI budget (~6 min on 2 cores).
+        # Fourteen faults, one of each family, within the CI budget (~7 min on 2 cores).
         return [
             FaultSpec("sweep", "concurrent", "full", 0.0, workers()),
             FaultSpec("sweep", "hostile", "full", at(), workers()),
@@ -1212,6 +1348,8 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
             FaultSpec("sweep", "restart_fast", "delta", at(), workers()),
             FaultSpec("sweep", "kill9", "config-change", at(), workers()),
             FaultSpec("sweep", "write_errors", "delta", 0.0, workers()),
+            FaultSpec("sweep", "missing_privileges", "full", 0.0, workers()),
+            FaultSpec("queue", "missing_privileges", None, 0.0),
             FaultSpec("queue", "limits_flaky", None, at()),
             FaultSpec("expiry", "kill9", None, at()),
             FaultSpec("relay", "restart_immediate", None, at()),
@@ -1240,8 +1378,9 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
             specs.append(FaultSpec("sweep", "concurrent", mode, 0.0, workers()))
     for mode in ("full", "delta", "config-change"):
         specs.append(FaultSpec("sweep", "hostile", mode, at(), workers()))
+        specs.append(FaultSpec("sweep", "missing_privileges", mode, 0.0, workers()))
     for fault in ("kill9", "sigterm", "terminate", "restart_fast", "limits_down", "limits_hang", "limits_flaky",
-                  "limits_503", "hostile", "hostile", "hostile"):
+                  "limits_503", "hostile", "hostile", "hostile", "missing_privileges"):
         specs.append(FaultSpec("queue", fault, None, at()))
     for fault in ("kill9", "sigterm", "terminate", "restart_fast", "restart_immediate"):
         specs.append(FaultSpec("expiry", fault, None, at()))

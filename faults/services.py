@@ -200,6 +200,15 @@ class PgServer:
         finally:
             engine.dispose()
 
+    def drop_role(self, role: str) -> None:
+        """A role the campaign made (its name: letters, digits, _), once nothing of it is left in any database."""
+        engine = self.admin_engine()
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+        finally:
+            engine.dispose()
+
     def terminate_backends(self, database: str) -> int:
         """pg_terminate_backend of every connection to `database`; returns how many were ended."""
         engine = self.admin_engine()

@@ -20,6 +20,7 @@ from batch_assets.cli import db, jobs, launcher, outbox, queue, retention, rules
 from batch_assets.cli.args import Parser
 from batch_assets.cli.output import emit, empty_summary, err, looks_like_job
 from batch_assets.cli.startup import resume_collector
+from batch_assets.db.privileges import is_insufficient_privilege, permission_denied
 from batch_assets.errors import (
     EXIT_FAILED,
     EXIT_SKIPPED,
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = choose_project(load_settings())
         return func(args, settings)
     except BatchAssetsError as exc:
-        return _refused(exc, func, argv)
+        return refused(exc, func, argv)
     except KeyboardInterrupt:
         err("interrupted")
         if func in JOB_COMMANDS:
@@ -78,7 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a defect: one line (no secrets: no locals, no values), JSON for job commands
         refusal = missing_extra(exc) if isinstance(exc, ModuleNotFoundError) else None
         if refusal is not None:  # not a defect: the feature's optional library is not installed
-            return _refused(refusal, func, argv)
+            return refused(refusal, func, argv)
+        if is_insufficient_privilege(exc):  # not a defect: the role lacks a grant (exit 2, naming the object)
+            return refused(permission_denied(exc), func, argv)
         refusal = None if func in JOB_COMMANDS else unmigrated(exc)
         if refusal is not None:  # not a defect: a table `db migrate` creates is missing (a job is refused earlier)
             err(f"error: {refusal}")
@@ -89,6 +92,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     finally:
         resume_collector()
+
+
+def refused(exc: BatchAssetsError, func: object, argv: Sequence[str] | None) -> int:
+    """One line on stderr and, for a job command, its JSON line; the error's exit code."""
+    err(f"error: {exc}")
+    if func in JOB_COMMANDS or (func is None and looks_like_job(sys.argv[1:] if argv is None else argv)):
+        status = "SKIPPED" if exc.exit_code == EXIT_SKIPPED else "FAILURE"
+        emit(empty_summary(status, error=str(exc)))
+    return exc.exit_code
 
 
 def choose_project(settings: Settings) -> Settings:
@@ -105,15 +117,6 @@ def choose_project(settings: Settings) -> Settings:
         return dataclasses.replace(settings, embedded_allowed=False)
     write_instance_config(settings)
     return settings
-
-
-def _refused(exc: BatchAssetsError, func: object, argv: Sequence[str] | None) -> int:
-    """One line on stderr, and a job command's JSON summary; the error's exit code."""
-    err(f"error: {exc}")
-    if func in JOB_COMMANDS or (func is None and looks_like_job(sys.argv[1:] if argv is None else argv)):
-        status = "SKIPPED" if exc.exit_code == EXIT_SKIPPED else "FAILURE"
-        emit(empty_summary(status, error=str(exc)))
-    return exc.exit_code
 
 
 def unmigrated(exc: BaseException) -> ConfigError | None:

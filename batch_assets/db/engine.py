@@ -1,8 +1,9 @@
 """Engines and connection errors.
 
 One engine per process and URL (psycopg 3), pool sized from settings. Driver
-errors about reachability are translated here, in one place, into
-`DatabaseUnavailable` with a one-line message naming the host and the cause.
+errors are translated here, in one place: about reachability into
+`DatabaseUnavailable` with a one-line message naming the host and the cause, and
+a missing grant (insufficient_privilege) into `PermissionDenied` (exit 2).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from psycopg.rows import TupleRow
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import PoolProxiedConnection
 
+from batch_assets.db.privileges import is_insufficient_privilege, permission_denied
 from batch_assets.db.timeouts import SESSION_TIMEOUTS_SQL, local_timeouts
 from batch_assets.errors import ConfigError, DatabaseUnavailable, cause_line
 from batch_assets.settings import DATABASE_URL_VAR, Settings
@@ -208,10 +210,10 @@ def check_connection(engine: sa.Engine) -> None:
 
 @contextmanager
 def translate_errors(engine: sa.Engine) -> Iterator[None]:
-    """Turn connection-level driver errors into `DatabaseUnavailable`."""
+    """Turn connection-level driver errors into `DatabaseUnavailable`, and a missing grant into `PermissionDenied`."""
     try:
         yield
-    except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+    except sa.exc.DBAPIError as exc:
         translated = translated_error(engine.url, exc)
         if translated is exc:
             raise
@@ -219,7 +221,10 @@ def translate_errors(engine: sa.Engine) -> Iterator[None]:
 
 
 def translated_error(url: str | sa.URL, exc: BaseException) -> BaseException:
-    """`exc` as `translate_errors` raises it: a one-line `DatabaseUnavailable` when it is about reachability."""
+    """`exc` as `translate_errors` raises it: a one-line `DatabaseUnavailable` when it is about reachability, a
+    `PermissionDenied` (exit 2, naming the object) when the role lacks a grant, else `exc` itself."""
+    if is_insufficient_privilege(exc):
+        return permission_denied(exc)
     if not isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
         return exc
     if isinstance(exc, sa.exc.OperationalError) and _is_query_error(exc):

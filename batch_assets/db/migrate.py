@@ -15,12 +15,13 @@ in `ba_migrations` like on a new one.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
 import sqlalchemy as sa
 
+from batch_assets.db.privileges import LEDGER, Privilege, require_privileges
 from batch_assets.errors import ConfigError
 
 # Any constant works; it only has to be the same for every migrating process.
@@ -154,12 +155,17 @@ def pending_text(missing: Sequence[Migration]) -> str:
     return f"migrations pending ({labels(missing)}): run `batch-assets db migrate` first"
 
 
-def require_migrated(engine: sa.Engine, sets: Sequence[MigrationSet]) -> None:
+def require_migrated(engine: sa.Engine, sets: Sequence[MigrationSet], privileges: Iterable[Privilege] = ()) -> None:
     """Refuse (ConfigError naming `database`, exit 2, nothing written) a database with migrations of the library's
     set or of `sets` pending: a command would otherwise fail on its first statement with "relation ... does not
-    exist", or on a database of the previous release with "column ... does not exist"."""
+    exist", or on a database of the previous release with "column ... does not exist". Then refuse a role that lacks
+    one of `privileges` (the grants the job needs: `db.privileges`), naming the first one missing, before the job
+    writes anything. Both checks read the catalog only, in two round trips."""
     with engine.connect() as conn:
+        require_privileges(conn, LEDGER)  # the ledger is read next
         missing = pending_migrations(conn, sets)
+        if not missing:
+            require_privileges(conn, privileges)
     if missing:
         raise ConfigError(pending_text(missing), field="database")
 

@@ -4,9 +4,16 @@
 no value is pasted into SQL, and both settings end with the transaction. A write transaction sends
 them as its first statement (`SET_LOCAL_TIMEOUTS`); a preamble that must do more in the same round
 trip, such as the lease fence, is built with `with_local_timeouts`.
+
+Every transaction is bounded: page transactions by the sweep's own settings, bookkeeping (checkpoints,
+locks, leases, run history) by `bounded`, so a row or table another session holds locked makes it fail
+within its lock timeout instead of hanging the run.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import sqlalchemy as sa
 
@@ -46,3 +53,27 @@ def set_local_timeouts(conn: sa.Connection, *, statement_s: float, lock_s: float
 
 def _ms(seconds: float) -> str:
     return f"{max(1, int(seconds * 1000))}ms"
+
+
+BOOKKEEPING_STATEMENT_S = 10.0
+"""statement_timeout of a bookkeeping transaction: each is one or two statements on a handful of rows (milliseconds)."""
+BOOKKEEPING_LOCK_S = 5.0
+"""lock_timeout of a bookkeeping transaction: the rows it locks are held by other bookkeeping statements only, for
+milliseconds; a session that holds them longer (a stuck client, a manual `LOCK TABLE`) fails it in 5 s."""
+TAKEOVER_LOCK_S = 60.0
+"""lock_timeout of a lease takeover or release: it waits for the page transactions that still fence the lease,
+each bounded by its page_timeout_s (30 s by default). A page that outlasts this fails the takeover, which the next
+attempt (the next run, the next tick) repeats."""
+
+BOOKKEEPING = local_timeouts(BOOKKEEPING_STATEMENT_S, BOOKKEEPING_LOCK_S)
+TAKEOVER = local_timeouts(TAKEOVER_LOCK_S + BOOKKEEPING_STATEMENT_S, TAKEOVER_LOCK_S)
+
+
+@contextmanager
+def bounded(engine: sa.Engine, timeouts: Mapping[str, str] | None = BOOKKEEPING) -> Iterator[sa.Connection]:
+    """`engine.begin()` whose first statement sets `timeouts` for the transaction (None: the session's own, e.g. a
+    dedicated renewal connection's shorter ones)."""
+    with engine.begin() as conn:
+        if timeouts is not None:
+            conn.execute(SET_LOCAL_TIMEOUTS, dict(timeouts))
+        yield conn

@@ -17,6 +17,11 @@ generation whose ranges are all DONE (the run finished) is started over. The dec
 is taken once, by the plan, so it holds whatever order and timing the ranges run in.
 A store used without a plan (the engine on its own, one range) keeps the simple rule:
 a DONE checkpoint means the next run starts fresh.
+
+Fencing: a store bound to a run's lease (`fenced_by`) saves and completes a checkpoint only while
+that lease is the run's, checked in the same statement as the write (and held until it commits, as a
+page transaction's fence is), so a run that lost its lease can neither move a checkpoint nor mark a
+range DONE: it gets LeaseLost. Every transaction here is bounded (db.timeouts.bounded).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from batch_assets.db import schema
 from batch_assets.db.engine import translate_errors
+from batch_assets.db.timeouts import bounded
+from batch_assets.errors import LeaseLost
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,19 @@ RUNNING = "RUNNING"
 DONE = "DONE"
 
 _t = schema.checkpoints
+_leases = schema.leases
+
+
+def _fence(lease: str, owner: str) -> sa.CTE:
+    """The run's lease row while it is `owner`'s and live, locked FOR KEY SHARE until the transaction ends (a
+    takeover waits for it, as for a page transaction's fence: locking.lease)."""
+    return (
+        sa.select(sa.literal(1).label("held"))
+        .select_from(_leases)
+        .where(_leases.c.name == lease, _leases.c.owner == owner, _leases.c.expires_at > sa.func.clock_timestamp())
+        .with_for_update(key_share=True)
+        .cte("fence")
+    )
 
 
 @dataclass(frozen=True)
@@ -116,13 +136,24 @@ class CheckpointStore:
     another generation is not resumed.
     """
 
-    def __init__(self, engine: sa.Engine, generation: str | None = None) -> None:
+    def __init__(self, engine: sa.Engine, generation: str | None = None,
+                 fence: tuple[str, str] | None = None) -> None:
         self.engine = engine
         self.generation = generation
+        self.fence = fence
+        """(lease name, owner): `save` and `complete` write only while that lease is that owner's."""
 
     def in_generation(self, generation: str | None) -> CheckpointStore:
         """The same store, bound to a planned run's generation (None: unbound)."""
-        return CheckpointStore(self.engine, generation)
+        return CheckpointStore(self.engine, generation, self.fence)
+
+    def fenced_by(self, lease: str, owner: str) -> CheckpointStore:
+        """The same store, writing only while lease `lease` is held by `owner` (LeaseLost otherwise)."""
+        return CheckpointStore(self.engine, self.generation, (lease, owner))
+
+    def _lost(self) -> LeaseLost:
+        lease, owner = self.fence or ("", "")
+        return LeaseLost(f"lease {lease!r} is no longer held by {owner}: the checkpoint was not written")
 
     def begin(
         self,
@@ -141,7 +172,7 @@ class CheckpointStore:
         if not range_keys or len(set(range_keys)) != len(range_keys):
             raise ValueError("range_keys must be distinct and not empty")
         query = sa.select(_t).where(_t.c.sweep == sweep, _t.c.mode == mode).with_for_update()
-        with translate_errors(self.engine), self.engine.begin() as conn:
+        with translate_errors(self.engine), bounded(self.engine) as conn:
             found = [_from_row(r) for r in conn.execute(query)]
             unfinished = [c for c in found if not c.finished]
             why = _why_not_resumed(found, range_keys, fingerprint) if unfinished else "it finished"
@@ -179,7 +210,7 @@ class CheckpointStore:
         Bound to a generation, a DONE checkpoint of it is returned (the caller skips the range); unbound,
         a DONE checkpoint means the range starts fresh."""
         query = sa.select(_t).where(_t.c.sweep == sweep, _t.c.range_key == range_key)
-        with translate_errors(self.engine), self.engine.connect() as conn:
+        with translate_errors(self.engine), bounded(self.engine) as conn:
             found = [_from_row(r) for r in conn.execute(query)]
         mine = next((c for c in found if c.mode == mode), None)
         if mine is None:
@@ -234,25 +265,46 @@ class CheckpointStore:
             "updated_at": sa.func.now(),
             "generation": self.generation,
         }
-        stmt = pg_insert(_t).values(**values)
-        updates: dict[str, Any] = {k: stmt.excluded[k] for k in values if k not in ("sweep", "mode", "range_key")}
+        keys = ("sweep", "mode", "range_key")
+        if self.fence is None:
+            stmt = pg_insert(_t).values(**values)
+        else:
+            fence = _fence(*self.fence)
+            row = sa.select(*(sa.bindparam(f"v_{k}", v, type_=_t.c[k].type) if k != "updated_at" else v
+                              for k, v in values.items())).select_from(fence)
+            stmt = pg_insert(_t).from_select(list(values), row)
+        updates: dict[str, Any] = {k: stmt.excluded[k] for k in values if k not in keys}
         updates["generation"] = sa.func.coalesce(stmt.excluded.generation, _t.c.generation)
         stmt = stmt.on_conflict_do_update(index_elements=[_t.c.sweep, _t.c.mode, _t.c.range_key], set_=updates)
-        with translate_errors(self.engine), self.engine.begin() as conn:
-            conn.execute(stmt)
+        with translate_errors(self.engine), bounded(self.engine) as conn:
+            if self.fence is None:
+                conn.execute(stmt)
+                return
+            # One statement: the fence (a CTE) and the upsert of one row per fence row (none once the lease moved).
+            written = conn.execute(stmt.returning(sa.literal(1))).first()
+            if written is None:
+                raise self._lost()
 
     def complete(self, sweep: str, mode: str, range_key: str) -> None:
         """Mark the checkpoint DONE: finished within its generation (unbound: the next run starts fresh)."""
-        stmt = (
-            sa.update(_t)
-            .where(_t.c.sweep == sweep, _t.c.mode == mode, _t.c.range_key == range_key)
-            .values(status=DONE, updated_at=sa.func.now())
-        )
-        with translate_errors(self.engine), self.engine.begin() as conn:
-            conn.execute(stmt)
+        where = [_t.c.sweep == sweep, _t.c.mode == mode, _t.c.range_key == range_key]
+        if self.fence is None:
+            with translate_errors(self.engine), bounded(self.engine) as conn:
+                conn.execute(sa.update(_t).where(*where).values(status=DONE, updated_at=sa.func.now()))
+            return
+        fence = _fence(*self.fence)
+        done = (sa.update(_t).where(*where, sa.exists(sa.select(fence.c.held)))
+                .values(status=DONE, updated_at=sa.func.now()).returning(_t.c.sweep).cte("done"))
+        # One statement: whether the lease is the run's, and the update that applies only if it is.
+        stmt = sa.select(sa.select(sa.func.count()).select_from(fence).scalar_subquery(),
+                         sa.select(sa.func.count()).select_from(done).scalar_subquery())
+        with translate_errors(self.engine), bounded(self.engine) as conn:
+            held, _ = conn.execute(stmt).one()
+        if not held:
+            raise self._lost()
 
     def list(self, sweep: str) -> list[Checkpoint]:
         """Every checkpoint of a sweep (RUNNING and DONE), by mode and range."""
         query = sa.select(_t).where(_t.c.sweep == sweep).order_by(_t.c.mode, _t.c.range_key)
-        with translate_errors(self.engine), self.engine.connect() as conn:
+        with translate_errors(self.engine), bounded(self.engine) as conn:
             return [_from_row(r) for r in conn.execute(query)]

@@ -138,7 +138,7 @@ def renewing(
     lock_renewals = _DedicatedLock(lock, engine, renewals, timeout) if isinstance(lock, PostgresJobLock) else lock
     heartbeat: Heartbeat | None = None
     try:
-        beats: Sequence[Beat] = [Lease(renewals, job_key, owner, settings.lease_ttl_s).heartbeat]
+        beats: Sequence[Beat] = [Lease(renewals, job_key, owner, settings.lease_ttl_s, timeouts=None).heartbeat]
         if lock_renewals is not None:
             beats = [*beats, lock_beat(lock_renewals, job_key, owner, settings)]
         heartbeat = Heartbeat(settings.heartbeat_s, beats, on_lost, name=f"heartbeat-{job_key}",
@@ -169,11 +169,11 @@ class _DedicatedLock:
     def _renewing(self) -> PostgresJobLock:
         engine = self.lock.engine
         if engine is self.run_engine:
-            return PostgresJobLock(self.renewals)
+            return PostgresJobLock(self.renewals, timeouts=None)  # the dedicated connection's own, shorter ones
         if self._own is None or self._own[0] is not engine:
             self.close()
             self._own = (engine, dedicated_engine(engine, statement_s=self.timeout_s, lock_s=self.timeout_s / 2))
-        return PostgresJobLock(self._own[1])
+        return PostgresJobLock(self._own[1], timeouts=None)
 
     def acquire(self, name: str, owner: str, ttl_s: float, min_s: float = 0) -> bool:
         return self._renewing().acquire(name, owner, ttl_s, min_s)

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 import sqlalchemy as sa
 
 from batch_assets.db.engine import translate_errors
-from batch_assets.db.timeouts import with_local_timeouts
+from batch_assets.db.timeouts import BOOKKEEPING, TAKEOVER, bounded, with_local_timeouts
 from batch_assets.errors import LeaseLost
 from batch_assets.locking.owner import make_owner, provably_dead
 
@@ -154,13 +154,20 @@ STEAL_SQL = sa.text(
 class Lease:
     """One named lease held by one owner, renewed by heartbeats, expiring on the database clock."""
 
-    def __init__(self, engine: sa.Engine, name: str, owner: str, ttl_s: float) -> None:
+    def __init__(self, engine: sa.Engine, name: str, owner: str, ttl_s: float, *,
+                 timeouts: Mapping[str, str] | None = BOOKKEEPING) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be > 0")
         self.engine = engine
         self.name = name
         self.owner = owner
         self.ttl_s = float(ttl_s)
+        self.timeouts = timeouts
+        """A renewal's statement and lock timeouts (None: the session's, as on a dedicated renewal connection). A
+        takeover or a release waits for the pages that fence the lease: TAKEOVER's longer lock timeout."""
+
+    def _waiting(self) -> Mapping[str, str] | None:
+        return None if self.timeouts is None else TAKEOVER
 
     def _params(self) -> dict[str, object]:
         return {"name": self.name, "owner": self.owner, "ttl_s": self.ttl_s}
@@ -172,14 +179,14 @@ class Lease:
         Joining our own lease and refusing a live one take no lock a page transaction holds, so neither
         waits for page writes; only a takeover (expired, or a dead holder) waits for the old owner's pages."""
         params = self._params()
-        with translate_errors(self.engine), self.engine.begin() as conn:
+        with translate_errors(self.engine), bounded(self.engine, self._waiting()) as conn:
             for statement in (JOIN_SQL, CREATE_SQL, TAKE_OVER_EXPIRED_SQL):
                 if conn.execute(statement, params).first() is not None:
                     return True
         holder = lease_owner(self.engine, self.name)
         if not provably_dead(holder):
             return False
-        with translate_errors(self.engine), self.engine.begin() as conn:
+        with translate_errors(self.engine), bounded(self.engine, self._waiting()) as conn:
             taken = conn.execute(TAKE_OVER_DEAD_SQL, {**params, "dead": holder}).first() is not None
         if taken:
             log.warning("lease %r: holder %s is gone (same host, process ended); taken over by %s",
@@ -188,12 +195,12 @@ class Lease:
 
     def heartbeat(self) -> bool:
         """Renew the lease to now + ttl; False if it expired or another owner holds it."""
-        with translate_errors(self.engine), self.engine.begin() as conn:
+        with translate_errors(self.engine), bounded(self.engine, self.timeouts) as conn:
             return conn.execute(HEARTBEAT_SQL, self._params()).first() is not None
 
     def release(self) -> bool:
         """Delete the lease if it is still ours; False if it was not."""
-        with translate_errors(self.engine), self.engine.begin() as conn:
+        with translate_errors(self.engine), bounded(self.engine, self._waiting()) as conn:
             return conn.execute(RELEASE_SQL, {"name": self.name, "owner": self.owner}).first() is not None
 
     def fence(self, conn: sa.Connection, timeouts: Mapping[str, str] | None = None) -> None:
@@ -214,7 +221,7 @@ class Lease:
 
 def lease_owner(engine: sa.Engine, name: str) -> str | None:
     """The owner of a live (unexpired) lease, or None."""
-    with translate_errors(engine), engine.connect() as conn:
+    with translate_errors(engine), bounded(engine) as conn:
         return conn.execute(OWNER_SQL, {"name": name}).scalar()
 
 
@@ -223,5 +230,5 @@ def steal_lease(engine: sa.Engine, name: str, new_owner: str, ttl_s: float) -> s
 
     Like a normal takeover it waits for any page transaction that fenced the lease.
     """
-    with translate_errors(engine), engine.begin() as conn:
+    with translate_errors(engine), bounded(engine, TAKEOVER) as conn:
         return conn.execute(STEAL_SQL, {"name": name, "owner": new_owner, "ttl_s": float(ttl_s)}).scalar()

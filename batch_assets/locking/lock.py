@@ -13,13 +13,14 @@ never from this process, so clock skew between hosts cannot break exclusion.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 import sqlalchemy as sa
 
 from batch_assets.db.engine import describe_target
+from batch_assets.db.timeouts import BOOKKEEPING, bounded
 from batch_assets.errors import LockStoreUnavailable, cause_line
 from batch_assets.extras import needs_extra
 from batch_assets.locking.owner import provably_dead
@@ -124,8 +125,11 @@ HOLDER_SQL = sa.text("SELECT owner FROM ba_job_locks WHERE name = :name AND lock
 class PostgresJobLock:
     """The job lock as rows of `ba_job_locks`, using the database clock."""
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, *, timeouts: Mapping[str, str] | None = BOOKKEEPING) -> None:
         self.engine = engine
+        self.timeouts = timeouts
+        """Each transaction's statement and lock timeouts (None: the session's, as on a dedicated renewal
+        connection)."""
 
     @contextmanager
     def _translate(self) -> Iterator[None]:
@@ -139,13 +143,13 @@ class PostgresJobLock:
     def acquire(self, name: str, owner: str, ttl_s: float, min_s: float = 0) -> bool:
         """Take the lock if it is free, expired or held by a provably dead process; False if another owner holds it."""
         params = {"name": name, "owner": owner, "ttl_s": float(ttl_s), "min_s": float(min_s)}
-        with self._translate(), self.engine.begin() as conn:
+        with self._translate(), bounded(self.engine, self.timeouts) as conn:
             if conn.execute(ACQUIRE_SQL, params).first() is not None:
                 return True
         holder = self.holder(name)
         if not provably_dead(holder):
             return False
-        with self._translate(), self.engine.begin() as conn:
+        with self._translate(), bounded(self.engine, self.timeouts) as conn:
             taken = conn.execute(TAKE_OVER_DEAD_SQL, {**params, "dead": holder}).first() is not None
         if taken:
             _log_takeover(name, holder, owner)
@@ -153,20 +157,20 @@ class PostgresJobLock:
 
     def extend(self, name: str, owner: str, ttl_s: float) -> bool:
         """Push the expiry to now + ttl_s, only if `owner` still holds a live lock."""
-        with self._translate(), self.engine.begin() as conn:
+        with self._translate(), bounded(self.engine, self.timeouts) as conn:
             row = conn.execute(EXTEND_SQL, {"name": name, "owner": owner, "ttl_s": float(ttl_s)}).first()
         return row is not None
 
     def release(self, name: str, owner: str, *, failed: bool = False) -> bool:
         """Delete the lock if `owner` holds it; before its lock-at-least-for time keep it until then,
         unless the run `failed`."""
-        with self._translate(), self.engine.begin() as conn:
+        with self._translate(), bounded(self.engine, self.timeouts) as conn:
             count = conn.execute(RELEASE_SQL, {"name": name, "owner": owner, "failed": failed}).scalar_one()
         return count > 0
 
     def holder(self, name: str) -> str | None:
         """The owner of a live lock, or None."""
-        with self._translate(), self.engine.connect() as conn:
+        with self._translate(), bounded(self.engine, self.timeouts) as conn:
             return conn.execute(HOLDER_SQL, {"name": name}).scalar()
 
     def close(self) -> None:

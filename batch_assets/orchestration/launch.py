@@ -196,8 +196,10 @@ def launch_job(job: JobSpec | str, config: Any, *, settings: Settings, project: 
     # here too, with the one line saying to migrate, not by a run failing on "relation ... does not exist".
     with job_engine(spec, settings) as engine:
         check_run_budget(engine, plan, parallel=parallel_steps(run_config))
-        # The location's own database has its migration sets; one only a declaration names, the library's.
-        require_migrated(engine, project.migrations if spec.database_url is None else ())
+        # The location's own database has its migration sets; one only a declaration names, the library's. A role
+        # that lacks a grant the job needs is refused here too, with one line naming it.
+        require_migrated(engine, project.migrations if spec.database_url is None else (),
+                         project.privileges_of(spec))
     sleep_while_a_step_waits_for_a_slot()
     launch_id = uuid.uuid4().hex
     # The process tag lets the dead-run watchdog fail this run at once if this process dies (orchestration.watchdog).
@@ -251,7 +253,7 @@ def _result_of(instance: dg.DagsterInstance, result: Any, settings: Settings, sp
     status = run.status.value if run is not None else ("SUCCESS" if result.success else "FAILURE")
     try:
         with job_engine(spec, settings) as engine:
-            summary = read_summary(run_id, engine, spec)
+            summary = read_summary(run_id, engine, spec, result.all_events)
         read_error = None
     except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
         summary, read_error = None, f"the run's summary could not be read: {error_text(exc)}"

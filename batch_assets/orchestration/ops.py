@@ -13,8 +13,10 @@ import dagster as dg
 import sqlalchemy as sa
 
 from batch_assets import run_history
+from batch_assets.db.engine import translate_errors
+from batch_assets.db.timeouts import bounded
 from batch_assets.engine.result import FAILURE, SKIPPED, SUCCESS
-from batch_assets.errors import ConfigError
+from batch_assets.errors import BatchAssetsError, ConfigError, error_text
 from batch_assets.orchestration.config import JobConfig
 from batch_assets.orchestration.resources import CalendarResource
 from batch_assets.run_history import empty_summary
@@ -92,8 +94,14 @@ def failed_by_type_table(failed_by_type: Mapping[str, int]) -> dg.MetadataValue:
     return dg.MetadataValue.md("| kind | rows |\n|---|---|\n" + (rows or "| (none) | 0 |"))
 
 
+SUMMARY_KEY = "batch_assets/summary"
+"""The step metadata entry that carries a summary as JSON: how the CLI gets the numbers of a run whose run history
+lacks them (run_results), so a run whose bookkeeping failed still reports every row it committed."""
+
+
 def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The summary as UI metadata: numbers as numbers, failures by kind as a table."""
+    """The summary as UI metadata: numbers as numbers, failures by kind as a table, and the whole as JSON
+    (`SUMMARY_KEY`)."""
     metadata: dict[str, Any] = {}
     for key, value in summary.items():
         if key == "failed_by_type" and isinstance(value, Mapping):
@@ -106,6 +114,7 @@ def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
             metadata[key] = dg.MetadataValue.text(value)
         else:
             metadata[key] = dg.MetadataValue.json(json.loads(json.dumps(value, default=str)))
+    metadata[SUMMARY_KEY] = dg.MetadataValue.json(json.loads(json.dumps(dict(summary), default=str)))
     return metadata
 
 
@@ -119,19 +128,23 @@ def finish(
     run_date: date | None = None,
     output_metadata: bool = True,
 ) -> dict[str, Any]:
-    """Record the run's summary in run history (how the CLI gets it), then succeed, skip or fail the op."""
+    """Record the run's summary in run history (how the CLI gets it), then succeed, skip or fail the op.
+
+    The summary counts what the run committed, and nothing that happens to its bookkeeping changes that: when run
+    history does not take it (a grant revoked, a lock held too long), the op fails (the run's record is missing)
+    and its failure carries the same summary, status FAILURE, which the CLI reads from the run's events."""
     status = summary.get("status", FAILURE)
     summary["run_id"] = context.run_id
-    run_history.record(
-        engine,
-        run_id=context.run_id,
-        job=context.job_name,
-        status=status,
-        started_at=started_at,
-        summary=summary,
-        mode=mode,
-        run_date=run_date,
-    )
+    try:
+        with translate_errors(engine), bounded(engine) as conn:
+            run_history.record(conn, run_id=context.run_id, job=context.job_name, status=status,
+                               started_at=started_at, summary=summary, mode=mode, run_date=run_date)
+    except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
+        reason = f"the run's summary was not recorded in run history: {error_text(exc)}"
+        unrecorded = {**summary, "status": FAILURE, "error": "; ".join(
+            str(part) for part in (summary.get("error"), reason) if part)}
+        raise dg.Failure(description=f"{context.job_name} ended FAILURE: {reason}",
+                         metadata=summary_metadata(unrecorded), allow_retries=False) from None
     metadata = summary_metadata(summary)
     if status == FAILURE:
         reason = summary.get("error") or summary.get("stopped_reason") or summary.get("stopped_by") or "see metadata"
@@ -211,6 +224,7 @@ __all__ = [
     "FAILURE",
     "SKIPPED",
     "SUCCESS",
+    "SUMMARY_KEY",
     "config_failure",
     "config_of",
     "config_schema_of",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from batch_assets.db.migrate import MigrationSet
+from batch_assets.db.privileges import Privilege, declared_sweep
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.components.loader import DeclarationError, Declarations, from_config_error
 from batch_assets.orchestration.defaults import REPOSITORY, LocationDefaults
@@ -57,6 +58,9 @@ class Project:
     """`module:NAME` of each of the location's own queues (not declared in a defs.yaml)."""
     migrations: tuple[MigrationSet, ...] = ()
     """The location's own migration sets, applied after the library's (which is always applied first)."""
+    privileges: Mapping[str, tuple[Privilege, ...]] = field(default_factory=dict)
+    """The location's own jobs (by op job name) → the grants they need on the location's own tables, besides what
+    their specs name (the library's bookkeeping): checked before the CLI launches one."""
     defaults: LocationDefaults = REPOSITORY
     declarations: Callable[[], Declarations] = Declarations
     """The location's declarations (defs.yaml components) and the ones that cannot work."""
@@ -182,6 +186,21 @@ class Project:
             return found
         known = ", ".join(spec.name for spec in self.all_specs())
         raise ConfigError(f"unknown job {job_name!r}; known: {known or 'none'}", field="job")
+
+    def privileges_of(self, spec: JobSpec) -> tuple[Privilege, ...]:
+        """The grants a run of `spec` needs: its own (the library's bookkeeping, a queue's table), those the location
+        lists for it (`privileges`) and, for a declared sweep, those on the team's table and the outbox its events go
+        to (docs/production/privileges.md)."""
+        from batch_assets.orchestration.components.sweep_component import SweepComponent
+
+        for loaded in self.built_declarations():
+            component = loaded.component
+            if isinstance(component, SweepComponent) and any(
+                    built is spec for built in component.built_specs(self.defaults, loaded.path.parent)):
+                read = (component.key, *component.columns, *((component.due,) if component.due else ()))
+                outbox = self.defaults.outbox_table if component.event else None
+                return declared_sweep(component.table, read, component.writes, outbox)
+        return (*spec.privileges, *self.privileges.get(spec.name, ()))
 
     # --- queues ---------------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from batch_assets.db.privileges import QUEUE_BOOKKEEPING, queue_table
 from batch_assets.errors import ConfigError
 from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.config import config_class
@@ -116,4 +117,5 @@ def build_queue_job(job: QueueJob) -> JobSpec:
         work()
 
     return JobSpec(job=queue_job, config=config, config_op=op_name, resources=job.resources,
-                   database_url=job.database_url)
+                   database_url=job.database_url,
+                   privileges=(*queue_table(declaration.table), *QUEUE_BOOKKEEPING))

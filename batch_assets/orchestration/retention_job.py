@@ -8,6 +8,7 @@ The schedule and `batch-assets retention run` start the same job; the op runs `r
 
 import dagster as dg
 
+from batch_assets.db.privileges import LEDGER, RUN_HISTORY, table
 from batch_assets.orchestration.automation import schedule_timezone, tick_date
 from batch_assets.orchestration.budget import APP_DATABASE_POOL
 from batch_assets.orchestration.config import config_class
@@ -67,4 +68,6 @@ def build_schedules(timezone: str, status: dg.DefaultScheduleStatus) -> list[dg.
     )]
 
 
-SPEC = JobSpec(job=retention_job, config=RetentionConfig, config_op="prune_retention", schedules=build_schedules)
+SPEC = JobSpec(job=retention_job, config=RetentionConfig, config_op="prune_retention", schedules=build_schedules,
+               privileges=(*table("SELECT, DELETE", "outbox_events"), *table("SELECT, DELETE", "ba_run_history"),
+                           *table("SELECT, DELETE", "ba_checkpoints"), *LEDGER, *RUN_HISTORY))

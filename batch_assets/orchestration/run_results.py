@@ -1,5 +1,10 @@
 """A CLI run's outcome, made truthful: the run's summary from run history, reconciled with what Dagster says of the
-run and of each of its steps (a range that never recorded a summary is a range that did not finish)."""
+run and of each of its steps (a range that never recorded a summary is a range that did not finish).
+
+Run history is the first source. A summary it lacks (its insert failed: a grant revoked, a lock held too long) is
+read from the run's own events, where each op also puts its summary (the step's output or failure metadata,
+`ops.SUMMARY_KEY`), so the numbers reported are always those of the rows the run committed: never zero for work
+done, and never a range counted twice (each range is taken from one source)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import sqlalchemy as sa
 from batch_assets import run_history
 from batch_assets.db.engine import is_transient
 from batch_assets.errors import BatchAssetsError, first_line
+from batch_assets.orchestration.ops import SUMMARY_KEY
 from batch_assets.orchestration.spec import JobSpec
 
 
@@ -114,21 +120,61 @@ def reconcile(
     return merged
 
 
-def read_summary(run_id: str, engine: sa.Engine, spec: JobSpec) -> dict[str, Any] | None:
-    """The run's summary from run history, or None.
+def read_summary(run_id: str, engine: sa.Engine, spec: JobSpec, events: Sequence[Any] = ()) -> dict[str, Any] | None:
+    """The run's summary from run history, else from the run's `events`, or None.
 
     The final op's record when there is one; a mapped sweep that failed has no final op, only
     one record per range that recorded one; those are merged here (FAILURE wins, counters add
-    up) and `reconcile` accounts for the ranges that recorded nothing. A database that is
-    restarting is waited for a few seconds before this gives up.
+    up) and `reconcile` accounts for the ranges that recorded nothing. A summary run history
+    lacks comes from the events: the final op's, else each range's that run history does not
+    have. A database that is restarting is waited for a few seconds before this gives up.
     """
     records = with_db_retries(lambda: run_history.all_for_run(engine, run_id))
-    if not records:
-        return None
     final = [r for r in records if "range" not in r]
-    if final or len(records) == 1 or spec.merge_records is None:
-        return dict((final or records)[-1])
-    return spec.merge_records(records)
+    if final:
+        return dict(final[-1])
+    in_events, event_ranges = summaries_in_events(events, spec.mapped_op)
+    if in_events is not None:
+        return in_events
+    parts = {str(r.get("range")): dict(r) for r in records}
+    for part in event_ranges:
+        parts.setdefault(str(part.get("range")), part)
+    ranges = list(parts.values())
+    if not ranges:
+        return None
+    if len(ranges) == 1 or spec.merge_records is None:
+        return ranges[-1]
+    return spec.merge_records(ranges)
+
+
+def summaries_in_events(events: Sequence[Any], mapped_op: str | None) -> tuple[dict[str, Any] | None,
+                                                                                 list[dict[str, Any]]]:
+    """(the last summary a step other than a mapped range put in its metadata, or None; each range's last one)."""
+    final: dict[str, Any] | None = None
+    ranges: dict[str, dict[str, Any]] = {}
+    prefix = f"{mapped_op}[" if mapped_op else None
+    for event in events:
+        value = _summary_in(event)
+        if value is None:
+            continue
+        if prefix is not None and str(event.step_key or "").startswith(prefix):
+            value.pop("owner", None)
+            ranges[str(event.step_key)] = value
+        else:
+            final = value
+    return final, list(ranges.values())
+
+
+def _summary_in(event: Any) -> dict[str, Any] | None:
+    metadata: Any = None
+    if event.is_step_failure:
+        failure = event.step_failure_data.user_failure_data
+        metadata = failure.metadata if failure is not None else None
+    elif event.is_successful_output:
+        metadata = event.step_output_data.metadata
+    entry = (metadata or {}).get(SUMMARY_KEY)
+    value = getattr(entry, "value", None)
+    return dict(value) if isinstance(value, Mapping) else None
 
 
 def with_db_retries(work: Any, attempts: int = SUMMARY_READ_ATTEMPTS) -> Any:

@@ -14,8 +14,13 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from batch_assets.db.privileges import Privilege
 from batch_assets.orchestration.config import JobConfig
 from batch_assets.settings import Settings
+
+LOCK_TAG = "batch_assets/lock"
+"""The tag every run of a job with a `lock_key` carries (its jobs' tags): the run coordinator finds the runs of a lock
+group by it."""
 
 ScheduleBuilder = Callable[[str, dg.DefaultScheduleStatus], Sequence[dg.ScheduleDefinition]]
 """(execution time zone, default status) → the job's schedules; called when the code location loads."""
@@ -54,6 +59,13 @@ class JobSpec:
     database_url: Callable[[], str] | None = None
     """The job's database when it is not the code location's (a declaration's `database_url`): where the CLI
     checks migrations and reads the run's summary. A secret: never printed."""
+    privileges: tuple[Privilege, ...] = ()
+    """The grants a run of the job needs (the library's bookkeeping, the queue's table): checked before the CLI
+    launches it, so a role that lacks one is refused with one line naming it (docs/production/privileges.md)."""
+    lock_key: str | None = None
+    """The job lock every run of this job takes (shared with the other jobs of the same key: a sweep's modes, its
+    asset job); its jobs carry it as the tag `LOCK_TAG`: the run coordinator refuses a second run of the group while
+    one is queued or running."""
 
     @property
     def name(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from batch_assets import LIBRARY_JOB_MODULES, REPOSITORY, Project, load_declarations
 from batch_assets.reference.migrations import REFERENCE
+from batch_assets.reference.privileges import PRIVILEGES
 
 JOB_MODULES: dict[str, tuple[str, ...]] = {
     "batch_assets.reference.customer_status.dagster": (
@@ -21,7 +22,7 @@ def reference_project() -> Project:
     return Project(
         name="batch_assets", module="batch_assets.definitions", attribute="defs", job_modules=JOB_MODULES,
         queue_targets=("batch_assets.reference.payments.declaration:PAYMENTS_QUEUE",),
-        migrations=(REFERENCE,),
+        migrations=(REFERENCE,), privileges=PRIVILEGES,
         defaults=REPOSITORY, declarations=load_declarations,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -36,3 +37,19 @@ def seeded(engine: sa.Engine, cipher: DobCipher) -> int:
     """2,000 ACTIVE customers (a few malformed), none computed yet."""
     report = seed_customers(engine, cipher, 2000, run_date=RUN_DATE, bad_fraction=0.01, seed=3)
     return report.rows
+
+
+@pytest.fixture
+def project_instance(dagster_env: Settings) -> Any:
+    """The instance the project's own dagster.yaml gives (what `batch-assets` writes into DAGSTER_HOME): the
+    batch_assets run coordinator and the queue's limits."""
+    import os
+
+    import dagster as dg
+
+    from batch_assets.orchestration.instance_home import instance_template
+
+    home = Path(os.environ["DAGSTER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_bytes(instance_template("dagster.yaml"))
+    return dg.DagsterInstance.get()

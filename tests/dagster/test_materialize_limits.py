@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import dagster as dg
 import pytest
 
@@ -12,22 +9,11 @@ from batch_assets.definitions import PROJECT
 from batch_assets.definitions import defs as load_defs
 from batch_assets.orchestration.code_location import job_origin
 from batch_assets.orchestration.coordinator import BatchAssetsRunCoordinator
-from batch_assets.orchestration.instance_home import instance_template
 from batch_assets.reference.customer_status.dagster import SWEEP_ASSET_KEYS, SWEEP_TAGS
-from batch_assets.settings import Settings
 
 pytestmark = pytest.mark.dagster
 
 SWEEP_LIMIT = {"key": "batch_assets/kind", "value": "sweep", "limit": 1}
-
-
-@pytest.fixture
-def project_instance(dagster_env: Settings) -> dg.DagsterInstance:
-    """The instance the project's own dagster.yaml gives (what `batch-assets` writes into DAGSTER_HOME)."""
-    home = Path(os.environ["DAGSTER_HOME"])
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_bytes(instance_template("dagster.yaml"))
-    return dg.DagsterInstance.get()
 
 
 def test_the_instance_queues_with_the_batch_assets_coordinator_and_the_sweep_limit(

@@ -170,7 +170,9 @@ def range_op(job: SweepJob, names: SweepNames) -> dg.OpDefinition:
         settings, cursor_range, label = task.settings, task.cursor_range, task.label
         engine = getattr(resources, job.keys.database).get_engine(min_pool_size=settings.pool_size)
         lock = getattr(resources, job.keys.job_lock).lock_for(engine)
-        checkpoints = getattr(resources, job.keys.checkpoints).store(engine).in_generation(task.generation)
+        # Written only while the run's lease is the run's: a range that lost it cannot move its checkpoint.
+        checkpoints = getattr(resources, job.keys.checkpoints).store(engine).in_generation(task.generation) \
+            .fenced_by(names.lock, task.owner)
         progress = OpProgress(context, label=label, asset_key=names.asset, every_pages=settings.summary_every_pages)
         definition: Sweep | None = None
         try:
@@ -203,9 +205,9 @@ def range_op(job: SweepJob, names: SweepNames) -> dg.OpDefinition:
         metadata = summary_metadata(summary)
         try:
             record_range(engine, run_id=context.run_id, job=context.job_name, summary=summary, task=task)
-        except sa.exc.SQLAlchemyError as exc:
+        except (BatchAssetsError, sa.exc.SQLAlchemyError) as exc:
             # The step's own outcome (below) is what the run's outcome is made of; the record only carries the
-            # numbers of a range whose run has no summary op.
+            # numbers of a range whose run has no summary op, and so do the step's metadata (summary_metadata).
             context.log.warning(f"{label}: summary not recorded in run history: {error_text(exc)}")
         if result.status != SUCCESS:
             # Fail the step (not just the run) so a re-execution from failure resumes this range.

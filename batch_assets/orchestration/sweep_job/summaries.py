@@ -11,6 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from batch_assets import run_history
+from batch_assets.db.engine import translate_errors
+from batch_assets.db.timeouts import bounded
 from batch_assets.engine.result import FAILURE, FAILURE_KINDS, SUCCESS
 from batch_assets.errors import BatchAssetsError, error_text
 from batch_assets.locking.lock import make_job_lock
@@ -77,8 +79,9 @@ def record_range(engine: sa.Engine, *, run_id: str, job: str, summary: dict[str,
         # The range's checkpoint is its low watermark: the next run (or a re-execution from failure) resumes it.
         record["resumable"] = True
     record["duration_s"] = round((datetime.now(UTC) - task.started_at).total_seconds(), 3)
-    run_history.record(engine, run_id=run_id, job=job, status=status, started_at=task.started_at, summary=record,
-                       mode=task.mode, run_date=task.run_date)
+    with translate_errors(engine), bounded(engine) as conn:
+        run_history.record(conn, run_id=run_id, job=job, status=status, started_at=task.started_at, summary=record,
+                           mode=task.mode, run_date=task.run_date)
 
 
 def started_at_of(results: Sequence[dict]) -> datetime:
