@@ -6,14 +6,6 @@ one-sweep-at-a-time limit (`concurrency: runs: tag_concurrency_limits` in dagste
 (CONTRACT §8: "Materialize" runs the sweep "under the same limits"). This coordinator gives a run of an asset
 job other than the job's own (the implicit one, or an anonymous selection) the tags of the job whose assets it
 materializes, before the run is queued, so the queue limits it like the job.
-
-A second trigger of a job whose lock group (its `lock_key`: a sweep's modes and asset job, the outbox relay) already
-has a run queued, starting or started is refused here, at submission, and reported CANCELED with the reason
-("skipped: another run of <lock> is in progress"), instead of being queued to run afterwards. A CLI run is refused
-the same way by the job lock itself (exit 75). Why refuse rather than queue: a trigger queued behind a long sweep
-runs later on a state it was not asked for (a delta queued behind a full one finds nothing due, a schedule tick runs
-hours late and overlaps the next tick), and one rule for both routes is easier to reason about: one run of a lock
-group at a time, every other trigger refused and visible as such (docs/production/operations.md).
 """
 
 from __future__ import annotations
@@ -25,18 +17,13 @@ import dagster as dg
 
 from batch_assets.errors import BatchAssetsError, ConfigError
 from batch_assets.orchestration.budget import check_run_budget, parallel_steps
-from batch_assets.orchestration.spec import LOCK_TAG
-
-IN_PROGRESS = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
-"""A run of the lock group in one of these states makes a second trigger refused."""
 
 
 def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -> dict[str, str]:
     """The tags a run of `job_name` materializing `asset_selection` (None: every asset of the job) is owed.
 
-    A run of one of a spec's own jobs has that job's tags already (when it was launched with them: its lock tag is
-    owed all the same); a run of another asset job that materializes a spec's assets gets the spec's job tags (e.g.
-    `batch_assets/kind: sweep` and its lock).
+    A run of one of a spec's own jobs has that job's tags already; a run of another asset job that
+    materializes a spec's assets gets the spec's job tags (e.g. `batch_assets/kind: sweep`).
     """
     from batch_assets.orchestration.project import current  # when a run is submitted, not when the instance loads
 
@@ -44,7 +31,7 @@ def tags_for_run(job_name: str, asset_selection: Iterable[dg.AssetKey] | None) -
     owed: dict[str, str] = {}
     for spec in current().all_specs():
         if job_name in spec.job_names:
-            return {LOCK_TAG: spec.lock_key} if spec.lock_key else {}
+            return {}
         keys = {key for asset in spec.assets if isinstance(asset, dg.AssetsDefinition) and asset.is_materializable
                 for key in asset.keys}
         if keys and (selected is None or keys & selected):
@@ -78,44 +65,25 @@ def budget_refusal(job_name: str, run_config: Mapping[str, Any] | None) -> str |
     return None
 
 
-def in_progress(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | None:
-    """The lock of `run`'s group when another run of that group is queued, starting or started; else None."""
-    lock = run.tags.get(LOCK_TAG)
-    if not lock:
-        return None
-    others = instance.get_runs(filters=dg.RunsFilter(tags={LOCK_TAG: lock}, statuses=list(IN_PROGRESS)), limit=2)
-    return lock if any(other.run_id != run.run_id for other in others) else None
-
-
 class BatchAssetsRunCoordinator(dg.QueuedRunCoordinator):
     """Dagster's QueuedRunCoordinator (limits from the `concurrency:` section); a run is queued with the tags
     of the job whose assets it materializes (`tags_for_run`); a run over the connection budget is failed at once
-    with the reason (`budget_refusal`) instead of being queued; a second run of a lock group is refused (CANCELED,
-    with the reason) while one is in progress (`in_progress`)."""
-
-    def _refused(self, run: dg.DagsterRun) -> dg.DagsterRun:
-        """Nothing of a refused run waits: its pool slots (none taken yet, but a step may have asked) are freed."""
-        from batch_assets.orchestration.watchdog import free_pool_slots
-
-        free_pool_slots(self._instance, run.run_id)
-        return self._instance.get_run_by_id(run.run_id) or run
+    with the reason (`budget_refusal`) instead of being queued."""
 
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run
         refusal = budget_refusal(run.job_name, run.run_config)
         if refusal is not None:  # it would exhaust the server: failed now, with the line (the failure alert quotes it)
             self._instance.report_run_failed(run, f"refused before it started: {refusal}")
-            return self._refused(run)
+            from batch_assets.orchestration.watchdog import free_pool_slots
+
+            free_pool_slots(self._instance, run.run_id)  # a refused run holds nothing, nor waits for a slot
+            return self._instance.get_run_by_id(run.run_id) or run
         owed = tags_for_run(run.job_name, run.asset_selection)
         missing: Mapping[str, str] = {key: value for key, value in owed.items() if key not in run.tags}
         if missing:
             self._instance.add_run_tags(run.run_id, missing)
             tagged = self._instance.get_run_by_id(run.run_id)
             if tagged is not None:
-                run = tagged
                 context = dg.SubmitRunContext(tagged, context.workspace)
-        lock = in_progress(self._instance, run)
-        if lock is not None:  # a second trigger: refused now, never queued behind the run in progress
-            self._instance.report_run_canceled(run, f"skipped: another run of {lock} is in progress")
-            return self._refused(run)
         return super().submit_run(context)

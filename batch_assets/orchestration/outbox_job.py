@@ -34,7 +34,7 @@ from batch_assets.orchestration.ops import (
     validated_plan,
 )
 from batch_assets.orchestration.resources import DatabaseResource, JobLockResource
-from batch_assets.orchestration.spec import LOCK_TAG, JobSpec
+from batch_assets.orchestration.spec import JobSpec
 from batch_assets.outbox import sql
 from batch_assets.outbox.relay import backlog, follow_outbox, relay_outbox
 from batch_assets.outbox.settings import OutboxRelayJobSettings
@@ -218,7 +218,7 @@ def relay_outbox_events(
 
 
 @dg.job(description="Relay PENDING outbox events to the sink and mark them SENT (one pass, or follow).",
-        tags={"batch_assets/kind": "outbox", LOCK_TAG: OUTBOX_RELAY_JOB_KEY})
+        tags={"batch_assets/kind": "outbox"})
 def outbox_relay_job() -> None:
     relay_outbox_events()
 
@@ -301,5 +301,4 @@ SPEC = JobSpec(
     schedules=build_schedules,
     resources=sink_resources,
     privileges=(*table("SELECT, UPDATE", "outbox_events"), *GUARDED),
-    lock_key=OUTBOX_RELAY_JOB_KEY,
 )

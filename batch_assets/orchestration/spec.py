@@ -18,10 +18,6 @@ from batch_assets.db.privileges import Privilege
 from batch_assets.orchestration.config import JobConfig
 from batch_assets.settings import Settings
 
-LOCK_TAG = "batch_assets/lock"
-"""The tag every run of a job with a `lock_key` carries (its jobs' tags): the run coordinator finds the runs of a lock
-group by it."""
-
 ScheduleBuilder = Callable[[str, dg.DefaultScheduleStatus], Sequence[dg.ScheduleDefinition]]
 """(execution time zone, default status) → the job's schedules; called when the code location loads."""
 SensorBuilder = Callable[[dg.DefaultSensorStatus], Sequence[dg.SensorDefinition]]
@@ -62,10 +58,6 @@ class JobSpec:
     privileges: tuple[Privilege, ...] = ()
     """The grants a run of the job needs (the library's bookkeeping, the queue's table): checked before the CLI
     launches it, so a role that lacks one is refused with one line naming it (docs/production/privileges.md)."""
-    lock_key: str | None = None
-    """The job lock every run of this job takes (shared with the other jobs of the same key: a sweep's modes, its
-    asset job); its jobs carry it as the tag `LOCK_TAG`: the run coordinator refuses a second run of the group while
-    one is queued or running."""
 
     @property
     def name(self) -> str:

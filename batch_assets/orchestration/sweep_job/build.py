@@ -21,7 +21,7 @@ from batch_assets.orchestration.config import config_class
 from batch_assets.orchestration.executors import ranges_executor
 from batch_assets.orchestration.metadata import records_table
 from batch_assets.orchestration.resources import DatabaseResource
-from batch_assets.orchestration.spec import LOCK_TAG, JobSpec
+from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.sweep_job.definition import (
     SWEEP_TAGS,
     PrepareContext,
@@ -43,7 +43,6 @@ def build_sweep_job(job: SweepJob) -> JobSpec:
     plan, sweep_range = plan_op(job, names, config), range_op(job, names)
     summarise, report = summarise_op(job, names), report_op(job, names, asset_key)
     outputs = [names.asset, *(extra.key for extra in job.extra_assets)]
-    tags = {**SWEEP_TAGS, LOCK_TAG: names.lock}
 
     @dg.graph(name=f"{names.graph}_graph", description=job.description)
     def op_graph() -> None:
@@ -68,16 +67,16 @@ def build_sweep_job(job: SweepJob) -> JobSpec:
         tags_by_output_name={key: {"dagster/kind/postgres": ""} for key in outputs}, can_subset=False,
     )
     described = f"{job.description} (the job the CLI launches; {names.asset_job} is the same sweep as an asset)."
-    op_job = op_graph.to_job(name=names.job, description=described, tags=tags,
+    op_job = op_graph.to_job(name=names.job, description=described, tags=SWEEP_TAGS,
                              # A delta (one range) runs in the run worker's own process; several ranges get a
                              # process per step.
                              executor_def=ranges_executor(names.plan_op, ranges_of))
-    variants = {executor: op_graph.to_job(name=names.variant(executor), executor_def=definition, tags=tags,
+    variants = {executor: op_graph.to_job(name=names.variant(executor), executor_def=definition, tags=SWEEP_TAGS,
                                           description=f"{described} Its cursor ranges run on the {executor} "
                                           "executor.")
                 for executor, definition in job.variants.items()}
     asset_job = dg.define_asset_job(
-        names.asset_job, selection=dg.AssetSelection.assets(*keys.values()), tags=tags,
+        names.asset_job, selection=dg.AssetSelection.assets(*keys.values()), tags=SWEEP_TAGS,
         description=f"Materialize {names.asset} (plan → cursor ranges → summary) and run its checks. Config: "
         f"ops.{names.graph}.ops.{names.plan_op}.config.",
         executor_def=ranges_executor(f"{names.graph}.{names.plan_op}", ranges_of),
@@ -92,7 +91,7 @@ def build_sweep_job(job: SweepJob) -> JobSpec:
         schedules=schedule_builder(job, names, asset_job) if job.schedules else None,
         release_after_failure=release_job_lock(names.lock), mapped_op=names.range_op,
         merge_records=merge_range_records, resources=job.resources, database_url=job.database_url,
-        privileges=SWEEP_BOOKKEEPING, lock_key=names.lock,
+        privileges=SWEEP_BOOKKEEPING,
     )
 
 
