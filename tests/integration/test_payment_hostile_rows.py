@@ -15,7 +15,9 @@ import sqlalchemy as sa
 from helpers import wait_for
 
 from batch_assets.queue.breaker import CLOSED
+from batch_assets.queue.claims import ERROR_MAX_BYTES
 from batch_assets.queue.settings import QueueSettings
+from batch_assets.queue.store import DLQ_ERROR_CHARS
 from batch_assets.reference.payments import queue, sql
 from batch_assets.reference.payments.handler import PluginHandler
 from batch_assets.reference.payments.store import PAYMENTS
@@ -180,11 +182,11 @@ def test_last_error_is_bounded_in_bytes_when_written_and_when_listed(engine: sa.
         status, size, text = conn.execute(
             sa.text("SELECT status, octet_length(last_error), last_error FROM payments WHERE id = :id"), {"id": ours}
         ).one()
-    assert status == "FAILED" and 0 < size <= queue.ERROR_MAX_BYTES
+    assert status == "FAILED" and 0 < size <= ERROR_MAX_BYTES
     assert text.startswith("RuntimeError: éé") and text.endswith("…")
     [theirs] = _insert(db_url, [{"amount_cents": 100, "status": "FAILED", "last_error": "x" * 5_000_000}])
     listed = {r["id"]: r for r in queue.dlq_list(engine)}
-    assert len(listed[theirs]["last_error"]) == queue.DLQ_ERROR_CHARS
+    assert len(listed[theirs]["last_error"]) == DLQ_ERROR_CHARS
 
 
 def test_infinite_times_neither_crash_the_worker_nor_stats_and_are_counted(engine: sa.Engine, db_url: str) -> None:
