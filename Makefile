@@ -60,7 +60,7 @@ screenshots: $(STAMP)
 clean:
 	rm -rf $(VENV) .batch_assets
 
-# The fault campaign (issues 8, 15): real processes on a PostgreSQL server, a Redis and a
+# The fault campaign: real processes on a PostgreSQL server, a Redis and a
 # limits stub that the campaign owns, plus writers of its own beside the jobs (a concurrent
 # encrypted_dob editor, hostile rows, the outbox relay to RabbitMQ and NATS). `faults` (77 faults with both
 # brokers, ~55 min) rewrites docs/reliability.md; `faults-quick` (14 faults, one of each kind, ~7 min, CI)
@@ -74,7 +74,7 @@ faults: $(STAMP)
 faults-quick: $(STAMP)
 	$(BIN)/python -m faults --quick $(FAULTS_ARGS)
 
-# Several hosts (issue 20): three test hosts on this machine (ip netns + veth, unshare --pid --uts), a celery
+# Several hosts: three test hosts on this machine (ip netns + veth, unshare --pid --uts), a celery
 # sweep of 2M rows in 6 ranges and then queue workers, one host killed -9 mid-work; writes docs/hosts.md
 # (~15 min; needs root, iproute2 and RabbitMQ). `HOSTS_ARGS="--only sweep --rows 300000"` for a shorter run.
 HOSTS_ARGS ?=

@@ -19,7 +19,7 @@ def send_alert(text: str, payload: Mapping[str, Any], webhook: str | None) -> bo
     log.error("ALERT %s", text)
     if not webhook:
         return False
-    import httpx  # only when a webhook is set: a CLI run (start-up, issue 20) does not pay for the HTTP stack
+    import httpx  # only when a webhook is set: a CLI run (start-up) does not pay for the HTTP stack
 
     try:
         response = httpx.post(webhook, json={"text": text, **payload}, timeout=WEBHOOK_TIMEOUT_S)

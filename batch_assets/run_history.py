@@ -21,7 +21,7 @@ LATEST_SUMMARY = sa.text(
 
 
 def empty_summary(status: str, run_id: str | None = None, **extra: Any) -> dict[str, Any]:
-    """A summary with the CONTRACT §2 keys and zero counters (a skipped run, or a failure before any work)."""
+    """A summary with the JSON summary's keys and zero counters (a skipped run, or a failure before any work)."""
     return {
         "status": status,
         "run_id": run_id,

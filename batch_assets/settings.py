@@ -1,4 +1,4 @@
-"""Process settings read from the environment (CONTRACT §1).
+"""Process settings read from the environment (docs/reference/environment.md).
 
 Nothing here is read at import time: callers ask for `load_settings()` when they
 need it, so a missing variable surfaces as a clear error at the point of use.
@@ -64,7 +64,7 @@ class OutboxSinkTarget:
 
 @dataclass(frozen=True)
 class Settings:
-    """What the environment says; `None` means "unset" (CONTRACT §1 defaults apply)."""
+    """What the environment says; `None` means "unset" (docs/reference/environment.md: defaults apply)."""
 
     database_url: str | None
     encryption_key: str | None
@@ -117,7 +117,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 def check_outbox_sink(value: str | None, home: Path) -> OutboxSinkTarget:
-    """The sink BATCH_ASSETS_OUTBOX_SINK names (CONTRACT §1); unset = `file:<home>/outbox.jsonl`.
+    """The sink BATCH_ASSETS_OUTBOX_SINK names (docs/reference/environment.md); unset = `file:<home>/outbox.jsonl`.
 
     Set but empty, an unknown scheme, a URL without a host or `file:` without a path is a ConfigError
     naming the variable (the message never repeats the value: a URL may carry a password).
@@ -191,7 +191,8 @@ _AUTOMATION_VALUES = {"on": True, "true": True, "1": True, "off": False, "false"
 
 
 def automation_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether schedules and run-starting sensors start RUNNING (CONTRACT §8): BATCH_ASSETS_AUTOMATION=off stops them.
+    """Whether schedules and run-starting sensors start RUNNING (docs/production/operations.md):
+    BATCH_ASSETS_AUTOMATION=off stops them.
 
     Read when the code location loads (never at import time); an unknown value is a ConfigError naming the variable.
     """

@@ -201,7 +201,7 @@ class GuardCfg:
     heartbeat_s: float = 5
 
 
-# --- a local limits service (CONTRACT §7) ----------------------------------------------------------
+# --- a local limits service (docs/guide/payment-queue.md) ----------------------------------------------------------
 
 
 class LimitsStub:

@@ -138,7 +138,7 @@ def _check_sweep(c: Checker, report: dict[str, Any], rows: int, workers: list[in
 
 
 def _check_permille_delta(c: Checker, sweep: dict[str, Any], rows: int, workers: list[int]) -> None:
-    """The 0.1%-due delta (issue 20) of each worker count, in reports that have it: it reads and changes exactly
+    """The 0.1%-due delta of each worker count, in reports that have it: it reads and changes exactly
     the rows // 1000 rows made due."""
     due = max(1, rows // 1000)
     for w in workers:

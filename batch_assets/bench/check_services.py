@@ -40,7 +40,7 @@ def _check_startup_runs(c: Checker, startup: dict[str, Any], where: str) -> None
 
 
 def _check_cli_wall(c: Checker, startup: dict[str, Any]) -> None:
-    """The CLI against the references (issue 20): a steady-state full sweep writes nothing and its ratio is its wall
+    """The CLI against the references: a steady-state full sweep writes nothing and its ratio is its wall
     over the floor's time; the queue probe settled every payment and its ratio is its wall rate over the floor's.
     The goals themselves are reported (`within_goal`), held to their figures, not required."""
     for i, probe in enumerate(startup.get("cli_steady_state") or []):
@@ -104,7 +104,7 @@ def check_queue(c: Checker, report: dict[str, Any], allow_missing: tuple[str, ..
 
 
 def check_rate_limit(c: Checker, rl: Any) -> None:
-    """queue.rate_limit (issue 18) when the report has it: calls made, windows consistent with the limit, a cost."""
+    """queue.rate_limit when the report has it: calls made, windows consistent with the limit, a cost."""
     if rl is None:
         return
     if not isinstance(rl, dict):
@@ -123,7 +123,7 @@ def check_rate_limit(c: Checker, rl: Any) -> None:
 
 
 def check_outbox(c: Checker, report: dict[str, Any]) -> None:
-    """The outbox section (issue 19) when the report has one (older reports have none): each broker measured
+    """The outbox section when the report has one (older reports have none): each broker measured
     with positive rates and ratio = relay / raw, or not measured with a reason."""
     o = report.get("outbox")
     if o is None:
@@ -148,7 +148,7 @@ def check_outbox(c: Checker, report: dict[str, Any]) -> None:
 
 
 def _check_drain(c: Checker, d: Any, rows: int) -> None:
-    """The drain of a first computation's events (issue 19), in reports that have it: every event SENT, the
+    """The drain of a first computation's events, in reports that have it: every event SENT, the
     backlog empty no sooner than the sweep ended, a peak within the events."""
     if d is None:
         return

@@ -1,4 +1,4 @@
-"""The declared form of the customer-status rule, side by side with the hand-written plug-in (issue 17).
+"""The declared form of the customer-status rule, side by side with the hand-written plug-in.
 
 The same rows, the same rules and the same engine: `SweepComponent` attributes over `customers` and a
 `compute(row, run_date)` written the way a team would write it (decrypt, parse, evaluate, RowFailure for a row's
@@ -40,7 +40,7 @@ _MEMO: dict[bytes, tuple[str, date]] = {}
 
 
 def compute(row: Any, run_date: date) -> dict[str, Any]:
-    """The age-category rule (CONTRACT §5) as a declared job's function."""
+    """The age-category rule (docs/reference/rules.md) as a declared job's function."""
     blob = row["encrypted_dob"]
     if not blob:
         raise RowFailure("missing_data")

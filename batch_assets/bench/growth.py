@@ -1,4 +1,4 @@
-"""What a sweep leaves in the tables it writes: tuples written, HOT or not, dead tuples, sizes (issue 20).
+"""What a sweep leaves in the tables it writes: tuples written, HOT or not, dead tuples, sizes.
 
 Each measured sweep is bracketed by two reads of `pg_stat_user_tables` for `customers` and
 `outbox_events`; the difference is what that sweep wrote. The dead tuples it left are read right after
@@ -12,7 +12,7 @@ The WAL the server wrote meanwhile (`pg_stat_wal`: bytes, full-page images) is r
 counters settled, as a difference too. It is server-wide, so it counts other databases' writes as well, but
 during a bench sweep that is mostly the sweep's: a full-page image is written the first time a page changes
 after each checkpoint, which is what makes a write cost more once the tables far exceed what one checkpoint
-interval touches (issue 20).
+interval touches.
 
 The statistics reach `pg_stat_user_tables` when a backend flushes them (at the latest when it goes
 idle or closes): the bench closes the sweep's pooled connections, then reads until two reads a

@@ -26,7 +26,7 @@ STARTUP_RUNS = 4
 """CLI runs that measure Dagster run start-up: the first on a fresh instance, the next on a warm one."""
 
 SECTIONS = ("references", "sweep", "declared", "plans", "startup", "queue", "outbox", "rss")
-"""The sections of a run, in the order they run; seeding always runs. `--only` picks some of them (issue 20: the
+"""The sections of a run, in the order they run; seeding always runs. `--only` picks some of them (the scaling runs: the
 scaling runs need `sweep,rss` only, the rest would take hours at 10M rows)."""
 NEEDS = {"startup": ("references",)}
 """Sections that read another's figures: the CLI's steady state is compared with the floor's time."""

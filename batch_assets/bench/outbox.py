@@ -1,5 +1,5 @@
 """The outbox section: events/s to each broker with confirms on, beside a raw client loop, and the drain of a
-first computation's events (issue 19).
+first computation's events.
 
 The measurement belongs to the outbox domain (`batch_assets.bench.outbox_relay.run_outbox_bench`); the
 bench runs it on its dedicated database after the sweeps. A broker that does not answer is "not measured"

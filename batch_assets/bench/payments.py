@@ -1,4 +1,4 @@
-"""The payment queue's benchmark (issue 10): the product beside the raw SKIP LOCKED floor.
+"""The payment queue's benchmark: the product beside the raw SKIP LOCKED floor.
 
 `run_queue_bench(database_url)` measures, in one call, on a database that already has the
 migrations applied:

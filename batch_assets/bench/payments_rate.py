@@ -1,4 +1,4 @@
-"""The rate limit's accuracy and its cost (issue 18), a part of the queue bench (`payments.run_queue_bench`).
+"""The rate limit's accuracy and its cost, a part of the queue bench (`payments.run_queue_bench`).
 
 1. **Accuracy.** 2 worker processes share `rate_limit_per_s` (100/s, `--quick`; 200/s full) over the
    payments queue with a handler that only stamps the time of each call; reported: the calls in every

@@ -17,9 +17,9 @@ PGQUEUER_REFERENCE_PER_S = (5100.0, 6900.0)
 
 BEFORE_SPLIT = {
     "product_per_s": 45851.3, "floor_per_s": 66638.1, "ratio": 0.688, "pickup_p50_ms": 3.39, "pickup_p99_ms": 6.95,
-    "source": "docs/bench/latest.json at 4eb15a0: the one-class payment worker before issue 18, quiet machine",
+    "source": "docs/bench/latest.json at 4eb15a0: the one-class payment worker before it was split, quiet machine",
 }
-"""Today's figures before the worker was split into parts (issue 18), drawn beside the declared payments queue."""
+"""Today's figures before the worker was split into parts, drawn beside the declared payments queue."""
 
 QueueBench = Callable[..., dict[str, Any]]
 

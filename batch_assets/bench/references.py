@@ -1,8 +1,8 @@
 """The two references the product is measured against, written from the contract alone.
 
 Neither uses the engine, its SQL or its runner: only the contract's tables
-(CONTRACT §3), its ciphertext format (the project's `DobCipher`, §4) and the
-pure rule function (`evaluate`, §5). Both talk to PostgreSQL through one plain
+(docs/reference/tables.md), its ciphertext format (the project's `DobCipher`, docs/reference/formats.md) and the
+pure rule function (`evaluate`, docs/reference/rules.md). Both talk to PostgreSQL through one plain
 psycopg connection.
 
 - The **naive job** of seed 000: OFFSET pages, then one SELECT (load the row)

@@ -152,7 +152,7 @@ def startup_table(report: dict[str, Any]) -> list[str]:
 
 
 def cli_wall_table(startup: dict[str, Any]) -> list[str]:
-    """The CLI timed by wall from outside against the references (issue 20 goals: sweep <= 1.0x the floor's time,
+    """The CLI timed by wall from outside against the references (the start-up goals: sweep <= 1.0x the floor's time,
     queue >= 0.6x the raw floor's rate)."""
     sweeps = startup.get("cli_steady_state") or []
     queues = [q for q in (startup.get(k) for k in ("cli_queue", "cli_queue_launcher", "cli_queue_launcher_seeded"))
@@ -259,7 +259,8 @@ def queue_table(report: dict[str, Any]) -> list[str]:
 
 
 def before_split_rows(before: dict[str, Any] | None) -> list[str]:
-    """The one-class worker's figures (before issue 18) beside the declared queue's, in reports that have them."""
+    """The one-class worker's figures (before it was split into parts) beside the declared queue's, in reports that
+    have them."""
     if not before:
         return []
     return [f"| before the worker was split into parts ({before['source']}) | "
@@ -268,7 +269,7 @@ def before_split_rows(before: dict[str, Any] | None) -> list[str]:
 
 
 def rate_limit_rows(rl: dict[str, Any] | None) -> list[str]:
-    """The rate limit's accuracy and cost (issue 18), in reports that have them."""
+    """The rate limit's accuracy and cost, in reports that have them."""
     if not rl:
         return []
     w, cost = rl["window_1s"], rl["cost"]

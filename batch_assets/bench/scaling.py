@@ -1,4 +1,4 @@
-"""Time per row and peak RSS across table sizes, from bench reports of each size (issue 20).
+"""Time per row and peak RSS across table sizes, from bench reports of each size.
 
     python -m batch_assets.bench.scaling REPORT.json [REPORT.json ...] --output SCALE.json [--markdown SCALE.md]
 

@@ -7,7 +7,7 @@ engine work, so its wall time minus its `duration_s` is that start-up. The
 first run uses a fresh Dagster instance (created on the way), the next ones
 reuse it, as a deployed instance would.
 
-The same CLI, timed by wall from outside, against the references (issue 20): a steady-state full sweep at the
+The same CLI, timed by wall from outside, against the references: a steady-state full sweep at the
 bench's row count against the single-stream floor's time (goal: within 1.0x, the CLI's start-up included), and
 queue workers started as `batch-assets queue work --drain` processes against the raw SKIP LOCKED floor
 (goal: at least 0.6x its rate by wall, each worker's start-up included).

@@ -329,7 +329,7 @@ def _measure_product(report: dict[str, Any], options: BenchOptions, engine: sa.E
     say.next(f"product: delta with {DUE_ROWS} due over {options.rows:,} rows")
     scratch.make_due(engine, run_date, DUE_ROWS)
     sweep["delta_500_due"] = sweeps.measured(engine, counter, cipher, "delta", run_date, 1, say=say, label="delta")
-    permille = max(1, options.rows // 1000)  # issue 20: a delta with 0.1% of the table due, at every size
+    permille = max(1, options.rows // 1000)  # a delta with 0.1% of the table due, at every size (the scaling goal)
     for w in options.workers:
         say(f"  delta with 0.1% due: {permille:,} of {options.rows:,} rows, {w} worker(s)")
         scratch.make_due(engine, run_date, permille)

@@ -1,6 +1,6 @@
 """`batch-assets jobs list` / `jobs run NAME [--set FIELD=VALUE ...]`: every registered job, by name.
 
-The job commands of CONTRACT §2 (sweep, subscriptions expire, queue work, outbox relay) have their
+The job commands (sweep, subscriptions expire, queue work, outbox relay; docs/reference/cli.md) have their
 own options; these two read the job registry, so a job added with one registry line can be listed,
 inspected and launched from the command line at once, with its config validated exactly as the
 other commands do it (a bad field is exit 2, naming it, before anything runs).

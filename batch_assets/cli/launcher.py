@@ -1,4 +1,4 @@
-"""The resident launcher: every CLI command in a process forked from one that has imported them all (issue 20).
+"""The resident launcher: every CLI command in a process forked from one that has imported them all.
 
 A CLI process spends about a second importing Dagster, SQLAlchemy, psycopg and the job's modules before its run
 starts: most of the wall time of a delta with little due, and of a queue worker that drains a short backlog.

@@ -1,4 +1,4 @@
-"""`batch-assets`: the one command line of CONTRACT §2 (the parser, the dispatch, the exit codes).
+"""`batch-assets`: the one command line (docs/reference/cli.md): the parser, the dispatch, the exit codes.
 
 Rules every command keeps:
 - progress and messages go to stderr; a job command's last line of stdout is
@@ -50,7 +50,8 @@ JOB_COMMANDS = {sweep.cmd_sweep, subscriptions.cmd_subscriptions_expire, queue.c
 
 
 # Dagster's API-stability notices (an API "is currently in beta/preview", "is superseded") speak to the developers
-# of this code, not to an operator: on the CLI's stderr they would bury the one line of CONTRACT §2.
+# of this code, not to an operator: on the CLI's stderr they would bury the one line an error gets
+# (docs/reference/cli.md).
 DAGSTER_API_NOTICES = r".* is (currently in (beta|preview)|superseded)"
 
 

@@ -1,4 +1,5 @@
-"""`batch-assets queue ...`: the task queues (CONTRACT §7, §10). Without `--queue`, the payments queue."""
+"""`batch-assets queue ...`: the task queues (docs/guide/payment-queue.md, docs/reference/declarations.md). Without
+`--queue`, the payments queue."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def cmd_queue_work(args: argparse.Namespace, settings: Settings) -> int:
     path, declaration = project.find_queue(args.queue)
     options = {"concurrency": args.concurrency, "max_seconds": args.max_seconds, "drain": bool(args.drain),
                "db_outage_s": args.db_outage_s}
-    if path is None:  # the payments queue (CONTRACT §7)
+    if path is None:  # the payments queue (docs/guide/payment-queue.md)
         from batch_assets.reference.payments.dagster import QueueDrainConfig
         from batch_assets.reference.payments.handler import load_plugin, plugin_spec_from_environment
 

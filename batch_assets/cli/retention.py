@@ -1,4 +1,5 @@
-"""`batch-assets retention run [--older-than-days N]`: prune what the product itself keeps (CONTRACT §2, §8)."""
+"""`batch-assets retention run [--older-than-days N]`: prune what the product itself keeps (docs/reference/cli.md,
+docs/production/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CLI process's start-up (issue 20): no cyclic garbage collection while the command imports its modules.
+"""The CLI process's start-up: no cyclic garbage collection while the command imports its modules.
 
 A job command imports about 170,000 long-lived objects (Dagster, SQLAlchemy, pydantic, the job's module)
 before its run starts. With the collector on, the allocations of those imports trigger collection after

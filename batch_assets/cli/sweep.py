@@ -47,7 +47,7 @@ def register(sub: Any) -> None:
     from batch_assets.reference.customer_status.job import CustomerStatusSettings as Model
 
     sweep = sub.add_parser("sweep", help="run a sweep").add_subparsers(dest="sweep_name", required=True)
-    cs = sweep.add_parser("customer-status", help="the customer-status sweep (CONTRACT §5)")
+    cs = sweep.add_parser("customer-status", help="the customer-status sweep (docs/reference/rules.md)")
     add_setting(cs, Model, "mode", required=True)
     cs.add_argument("--run-date", default=None, help="YYYY-MM-DD (default: today in BATCH_ASSETS_TIMEZONE)")
     for name in ("workers", "window", "page_size", "ranges", "lock_fail_open"):

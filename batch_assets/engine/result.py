@@ -1,4 +1,4 @@
-"""Run counters and the sweep's result (CONTRACT §2 summary keys)."""
+"""Run counters and the sweep's result (JSON summary keys)."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ class SweepResult:
         return self.status == SUCCESS
 
     def to_summary(self) -> dict[str, Any]:
-        """The JSON object of CONTRACT §2 (plus stopped_reason and last_cursor)."""
+        """The JSON summary (docs/reference/formats.md), plus stopped_reason and last_cursor."""
         return {
             "status": self.status,
             "run_id": self.run_id,

@@ -6,7 +6,7 @@ fingerprint: resuming a config-change sweep under different rules would skip
 rows the new rules must see. Anything else is ignored with a warning and the
 run starts over, which is always safe because re-running a page is a no-op.
 
-Generations (CONTRACT §5: a range that finished is not read again by the run that
+Generations (a range that finished is not read again by the run that
 resumes it; after a run that finished, the next one starts fresh). A run that is
 planned over several ranges registers every range first (`begin`): one generation
 of PLANNED checkpoints for the sweep, mode and fingerprint. A range that finishes is

@@ -2,7 +2,7 @@
 
 Schedules and sensors are built when the code location loads (definitions.py), never at import:
 the execution time zone is BATCH_ASSETS_TIMEZONE and the default status is RUNNING unless
-BATCH_ASSETS_AUTOMATION=off (CONTRACT §8). Every schedule uses a run key per tick (a tick never
+BATCH_ASSETS_AUTOMATION=off (docs/production/operations.md). Every schedule uses a run key per tick (a tick never
 starts two runs) and is safe against overlap through its job lock: a run that finds the lock held
 ends SKIPPED. Scheduled runs pass the tick's date as run date, so a late or re-evaluated tick
 computes the day it was meant for.

@@ -1,5 +1,5 @@
 """The instance's compute-log manager: each step's stdout and stderr kept in files for the UI, and mirrored to the
-process's own stdout and stderr by a thread instead of by child processes (start-up, issue 20).
+process's own stdout and stderr by a thread instead of by child processes (start-up).
 
 Dagster's LocalComputeLogManager points the step's file descriptors 1 and 2 at files under
 `$DAGSTER_HOME/storage` (the UI's stdout/stderr tabs read them) and mirrors each file back to the terminal with a

@@ -3,9 +3,9 @@
 "Materialize" in the Dagster UI (dagster 1.13) runs the implicit `__ASSET_JOB` with run config `{}` and the tags
 of that job, which has none: a sweep started there would carry no `batch_assets/kind: sweep` tag, so the queue's
 one-sweep-at-a-time limit (`concurrency: runs: tag_concurrency_limits` in dagster.yaml) would not count it
-(CONTRACT §8: "Materialize" runs the sweep "under the same limits"). This coordinator gives a run of an asset
-job other than the job's own (the implicit one, or an anonymous selection) the tags of the job whose assets it
-materializes, before the run is queued, so the queue limits it like the job.
+("Materialize" runs the sweep under the same limits, docs/production/operations.md). This coordinator gives a run
+of an asset job other than the job's own (the implicit one, or an anonymous selection) the tags of the job whose
+assets it materializes, before the run is queued, so the queue limits it like the job.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Dagster's default executor (`multi_or_in_process_executor`) starts a subprocess for every step when it runs
 multiprocess. A delta, or a full run of one range, is three steps (plan → range → summary) that each pay the
 code location's import again (about 2 s apiece) for work that may take 70 ms. So a sweep job carries this
-executor instead (issue 20, "one range means one process"):
+executor instead:
 
 - its config is the default executor's (`execution: config: multiprocess | in_process`), so every run config
   that worked before still works, and `in_process` still forces one process;

@@ -1,13 +1,13 @@
 """The Dagster instance directory of batch_assets and its dagster.yaml, without importing Dagster.
 
-Every `batch-assets` command (CONTRACT §1 DAGSTER_HOME, README "Running it in production") calls
+Every `batch-assets` command (DAGSTER_HOME, docs/production/index.md) calls
 `write_instance_config` first, so that following the README literally (`db migrate` in a fresh
 DAGSTER_HOME) leaves the instance file the webserver and the daemon then read: PostgreSQL storage
 when BATCH_ASSETS_DAGSTER_PG_URL is set, the run limits, run monitoring, telemetry and the
 onboarding dialog off. Kept free of Dagster so `rules show` or `queue stats` stay quick.
 
 Also how a CLI launch writes the instance's SQLite files (`quick_commits`: no fsync per event) and what it
-leaves out of the storage's imports (`no_template_highlighting`), both for start-up (issue 20).
+leaves out of the storage's imports (`no_template_highlighting`), both for start-up.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def write_instance_config(settings: Settings) -> Path:
     return home
 
 
-# --- how a CLI launch writes the instance's SQLite files (start-up, issue 20) -----------------------------------
+# --- how a CLI launch writes the instance's SQLite files (start-up) -----------------------------------
 
 _ANCHORS: dict[str, sqlite3.Connection] = {}
 """One idle connection per SQLite file of the instance this process wrote while a launch ran (see quick_commits)."""
@@ -136,7 +136,7 @@ def _on_connect(dbapi_connection: object, _record: object) -> None:
 
 
 def no_template_highlighting() -> None:
-    """Leave out Pygments, which Dagster's SQLite storage would import for nothing (start-up, issue 20).
+    """Leave out Pygments, which Dagster's SQLite storage would import for nothing (start-up).
 
     The storage checks its schema with Alembic, Alembic imports Mako's exceptions module, and that module
     imports Pygments' lexers (a tenth of a second of CPU) to colour the HTML page of a template error if Pygments
@@ -149,7 +149,7 @@ def no_template_highlighting() -> None:
 
 def reuse_alembic_scripts() -> None:
     """One Alembic script directory per configuration in this process, its revision map read once (start-up,
-    issue 20).
+    start-up).
 
     Dagster's SQLite storage checks each file's schema revision with Alembic when it first opens it (runs.db,
     index.db, the new run's event-log shard, which it also stamps): each check builds a new `ScriptDirectory`

@@ -2,7 +2,7 @@
 
 These run once per run, on small aggregates (counts by status, by category, per range): a table is a
 few rows of plain markdown, written here without pandas, whose import alone would cost a CLI run more
-than a delta with nothing due does (start-up, issue 20).
+than a delta with nothing due does (start-up).
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def sink_resources(settings: Settings) -> dict[str, OutboxSinkResource]:
 
 
 def _relay_summary(outcome: Any, run_id: str, *, follow: bool) -> dict[str, Any]:
-    """The relay's RelayResult as a CONTRACT §2 summary (scanned = changed = events sent).
+    """The relay's RelayResult as a JSON summary (scanned = changed = events sent).
 
     One pass fails on its first send failure; follow mode retries those and fails only when it lost
     its lock or lease.
@@ -262,7 +262,8 @@ def outbox_backlog(config: OutboxBacklogConfig, database: DatabaseResource) -> d
 
 def _relay_tick(timezone: str) -> Callable[[dg.ScheduleEvaluationContext], dg.RunRequest | dg.SkipReason]:
     def evaluate(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
-        # Quiet when idle (CONTRACT §8): no relay run while no event is PENDING (a claimed one whose send is under
+        # Quiet when idle (docs/production/operations.md): no relay run while no event is PENDING (a claimed one
+        # whose send is under
         # way is still PENDING, so a crashed relay's events are picked up by the next tick's run).
         pending, _ = backlog(context.resources.database.get_engine())
         if pending == 0:

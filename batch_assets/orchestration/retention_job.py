@@ -1,7 +1,7 @@
-"""Retention in Dagster (CONTRACT §8): its config, op, job and daily schedule.
+"""Retention in Dagster (docs/production/operations.md): its config, op, job and daily schedule.
 
 The schedule and `batch-assets retention run` start the same job; the op runs `run_retention`
-(bounded batches, short transactions) and records a CONTRACT §2 summary with the count per table.
+(bounded batches, short transactions) and records a JSON summary with the count per table.
 """
 
 # No `from __future__ import annotations`: Dagster reads the config and resource annotations at runtime.
@@ -28,7 +28,8 @@ from batch_assets.retention.prune import RetentionSettings, run_retention
 from batch_assets.shutdown import STOP
 
 RetentionConfig = config_class(
-    RetentionSettings, "RetentionConfig", "Retention (CONTRACT §2 `retention run`), derived from RetentionSettings.")
+    RetentionSettings, "RetentionConfig",
+    "Retention (`retention run`, docs/reference/cli.md), derived from RetentionSettings.")
 
 
 @dg.op(tags={"kind": "retention"}, pool=APP_DATABASE_POOL, config_schema=config_schema_of(RetentionConfig))

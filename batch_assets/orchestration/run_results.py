@@ -28,7 +28,7 @@ class LaunchResult:
     dagster_status: str
     """The Dagster run status: SUCCESS, FAILURE, CANCELED, ..."""
     summary: dict[str, Any] | None
-    """The job's summary (CONTRACT §2 keys); a FAILURE summary when the run failed before recording one."""
+    """The job's summary (the JSON summary's keys); a FAILURE summary when the run failed before recording one."""
 
 
 SUMMARY_READ_ATTEMPTS = 5

@@ -1,4 +1,5 @@
-"""Dead runs (CONTRACT §8): a STARTED run whose process died is marked failed, and gives back its lock and lease.
+"""Dead runs (docs/production/operations.md): a STARTED run whose process died is marked failed, and gives back its
+lock and lease.
 
 Dagster's run monitoring (dagster.yaml `run_monitoring`) fails a run that never starts or never
 finishes canceling, but in Dagster 1.13 the default run launcher cannot see a run worker die
@@ -32,7 +33,8 @@ so a killed run's slot would keep the next run's step waiting until then.
 failure alert it is RUNNING whatever BATCH_ASSETS_AUTOMATION says (CLI runs die too). The bound:
 rule 1 and 3 within one interval (30 s); rule 2 within lease TTL (60 s) + `LAPSE_GRACE_S` (15 s) + one
 interval = 105 s after the last heartbeat; a run that never started is failed by run monitoring after
-start_timeout_seconds (180 s) + its poll interval (30 s). All under the 5 minutes of §8.
+start_timeout_seconds (180 s) + its poll interval (30 s). All under the 5 minutes a dead run may take to be
+failed (docs/production/operations.md).
 """
 
 # No `from __future__ import annotations`: Dagster reads the sensor's resource annotation at runtime.

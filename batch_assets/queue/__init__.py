@@ -1,4 +1,5 @@
-"""A PostgreSQL task queue over any table holding the queue columns (CONTRACT §7, §10), in parts.
+"""A PostgreSQL task queue over any table holding the queue columns (docs/guide/payment-queue.md,
+docs/reference/declarations.md), in parts.
 
 The parts, as River (producer, executor, completer, notifier) and pgqueuer split theirs:
 

@@ -1,4 +1,4 @@
-"""The outage breaker of a queue worker (CONTRACT §7): stop calling a failing service, then probe it."""
+"""The outage breaker of a queue worker (docs/guide/payment-queue.md): stop calling a failing service, then probe it."""
 
 from __future__ import annotations
 

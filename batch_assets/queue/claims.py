@@ -57,7 +57,7 @@ def planned_result(claim: Claim, settings: QueueSettings, permanent: bool, delay
     """FAILED when permanent or at max attempts, else NEW after the retry policy's delay (`settings.retry`): the
     backoff of this attempt with jitter, or `delay_s` when the handler asked for one (Retry-After, RetryAfter).
 
-    A call that was made and failed always spends its attempt (CONTRACT §7 v3), whatever the breaker.
+    A call that was made and failed always spends its attempt (docs/guide/payment-queue.md), whatever the breaker.
     A row another service inserted NEW with attempts already at or past the maximum got one call by
     then (a NEW row always does); if that fails transiently it is FAILED with the call's own error.
     """

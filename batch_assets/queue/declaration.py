@@ -1,4 +1,4 @@
-"""A queue as a team declares it (CONTRACT §10): the attributes of `batch_assets.TableQueueComponent`.
+"""A queue as a team declares it (docs/reference/declarations.md): the attributes of `batch_assets.TableQueueComponent`.
 
 The model knows no Dagster: `components.table_queue.TableQueueComponent` is this model as a Dagster
 component, and the payments queue is one instance of it (`domains.payments.declaration.PAYMENTS_QUEUE`).
@@ -10,7 +10,8 @@ component, and the payments queue is one instance of it (`domains.payments.decla
 `handler` is `module:function`. A plain function is called once per row with the declared columns as
 keyword arguments plus `attempts` (returning = DONE, `PermanentFailure` = FAILED at once, any other
 exception transient). A function marked `@handler_factory` is instead called once per worker run with
-the run's `QueueSettings` and returns a handler object (how the payments keep their §7 default handler).
+the run's `QueueSettings` and returns a handler object (how the payments keep their default handler,
+docs/guide/payment-queue.md).
 """
 
 # No `from __future__ import annotations`: pydantic reads the annotations at runtime.

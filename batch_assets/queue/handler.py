@@ -4,7 +4,8 @@ A handler never touches the database and never raises for an expected failure. T
 `handle_async` on its event loop, so up to `concurrency` calls are in flight without one OS thread
 per call; a handler with only a synchronous `handle` runs on a bounded thread pool.
 
-`KwargsHandler` turns a team's function into a handler (CONTRACT §7 own handlers, §10): it is called
+`KwargsHandler` turns a team's function into a handler (docs/guide/payment-queue.md, docs/reference/declarations.md):
+it is called
 with keyword arguments (by default the declared columns plus `attempts`); returning means DONE,
 raising `batch_assets.PermanentFailure` means FAILED at once, `batch_assets.RetryAfter(seconds)` is transient
 and tried again after `seconds`, any other exception is transient (backoff).
@@ -87,7 +88,7 @@ class LoopResource(Protocol):
 
 
 def column_arguments(claim: Claim) -> dict[str, Any]:
-    """The declared columns as read, plus `attempts` (CONTRACT §10)."""
+    """The declared columns as read, plus `attempts` (docs/reference/declarations.md)."""
     return {**claim.values, "attempts": int(claim.attempts)}
 
 

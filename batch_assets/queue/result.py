@@ -1,4 +1,4 @@
-"""The counters of one queue worker run and its CONTRACT §2 summary."""
+"""The counters of one queue worker run and its JSON summary."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class QueueResult:
         return (self.done + self.failed) / self.duration_s if self.duration_s > 0 else 0.0
 
     def to_summary(self, run_id: str) -> dict[str, Any]:
-        """The CONTRACT §2 summary: scanned = claimed, changed = done, unchanged = retried, plus extras."""
+        """The JSON summary: scanned = claimed, changed = done, unchanged = retried, plus extras."""
         return {
             "status": self.status,
             "run_id": run_id,

@@ -78,11 +78,11 @@ class Statements:
         # Three branches, each on a partial index: NEW rows that are due, in claim-rank order (the claim
         # index: with a priority, higher first, one level gained per minute due); PROCESSING rows whose lease
         # passed (the processing index); PROCESSING rows with no lease at all (claimed_until NULL, written by
-        # another service: a lapsed claim, CONTRACT §3 v3; `IS NULL` is an index condition). Each branch
+        # another service: a lapsed claim, docs/reference/tables.md; `IS NULL` is an index condition). Each branch
         # locks with SKIP LOCKED, so concurrent claimers never get the same row and never wait; the union is
         # cut to %(n)s; rows locked by a branch but cut by the outer LIMIT are unlocked at commit.
         # attempts: a negative count is taken as 0 and the count stops short of the int maximum, so no row
-        # another service wrote can make the statement fail for the whole batch (CONTRACT §3).
+        # another service wrote can make the statement fail for the whole batch (docs/reference/tables.md).
         # `key = ANY(ARRAY(...))` makes the update a primary-key lookup per claimed row; a join alone lets
         # the planner hash-join against a scan of the whole table.
         due = f"""

@@ -188,11 +188,15 @@ class QueueStore:
         return int(stuck), str(oldest or "")
 
     def stats(self, engine: sa.Engine) -> dict[str, Any]:
-        """`queue stats` (CONTRACT §7): counts by status, oldest_due_s, dlq_size, breaker; plus due and stuck rows.
+        """`queue stats` (docs/guide/payment-queue.md): counts by status, oldest_due_s, dlq_size, breaker; plus due
+        and stuck rows.
 
-        `due` = NEW and due + lapsed claims (§7's "due rows"); `stuck_processing` = the lapsed claims alone,
-        a PROCESSING row without a lease included (§3 v3). A status another service wrote that is none of
-        §3's four is never claimed: it is counted under its own name in `by_status` and in `unknown_status`.
+        `due` = NEW and due + lapsed claims (the "due rows" of docs/guide/payment-queue.md); `stuck_processing` = the
+        lapsed claims alone,
+        a PROCESSING row without a lease included (docs/reference/tables.md). A status another service wrote that is
+        none of
+        the four statuses (docs/reference/tables.md) is never claimed: it is counted under its own name in
+        `by_status` and in `unknown_status`.
         `never_due`: NEW rows whose next_attempt_at, or PROCESSING rows whose claimed_until, is 'infinity'.
         """
         by_status = dict.fromkeys(STATUSES, 0)

@@ -1,1 +1,2 @@
-"""Retention (CONTRACT §2 `retention run`, §8): prune what the product itself keeps, in short batches."""
+"""Retention (`retention run`; docs/reference/cli.md, docs/production/operations.md): prune what the product itself
+keeps, in short batches."""

@@ -31,7 +31,8 @@ MAX_BATCH_SIZE = 50_000
 
 
 class RetentionSettings(SettingsModel):
-    """Retention's settings (CONTRACT §2 `retention run`): the one model its run config and CLI options derive from."""
+    """Retention's settings (`retention run`, docs/reference/cli.md): the one model its run config and CLI options
+    derive from."""
 
     older_than_days: int = Field(default=DEFAULT_OLDER_THAN_DAYS, ge=1, le=MAX_OLDER_THAN_DAYS,
                                  description="Delete what is older than this many days.")
@@ -56,7 +57,7 @@ class RetentionResult:
 
 def run_retention(engine: sa.Engine, settings: RetentionSettings, *,
                   stop: Callable[[], bool] | None = None) -> RetentionResult:
-    """Prune the product's own tables (CONTRACT §8); `stop()` True ends it between batches."""
+    """Prune the product's own tables (docs/production/operations.md); `stop()` True ends it between batches."""
     started = time.monotonic()
     result = RetentionResult()
     with translate_errors(engine):

@@ -1,4 +1,5 @@
-"""Named statements of retention (CONTRACT §8). Each runs in a transaction of its own, over at most one
+"""Named statements of retention (docs/production/operations.md). Each runs in a transaction of its own, over at most
+one
 batch: a window of ids (`:lo` < id <= `:hi`) on the primary key, so no statement scans or locks more than
 `:hi - :lo` rows whatever the table's size. Business tables are never named here.
 """

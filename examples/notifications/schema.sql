@@ -1,4 +1,4 @@
--- The team's own table: notifications to send. The queue columns are the payments' (CONTRACT §3):
+-- The team's own table: notifications to send. The queue columns are the payments' (docs/reference/tables.md):
 -- status, attempts, next_attempt_at, claimed_until, last_error, processed_at; priority is optional.
 CREATE TABLE IF NOT EXISTS notifications (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

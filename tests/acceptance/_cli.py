@@ -1,8 +1,8 @@
 """Shared helpers of the acceptance tests: drive `batch-assets` as a subprocess, poll, check rows.
 
-Everything here talks to the product only through its contract (../shared/CONTRACT.md):
-the command line, its exit codes and JSON summary, and the tables of §3. The
-age-category oracle below is written from CONTRACT §5 on purpose, independently of
+Everything here talks to the product only through its external surfaces (docs/reference/):
+the command line, its exit codes and JSON summary, and the tables (docs/reference/tables.md). The
+age-category oracle below is written from the age-category rule (docs/reference/rules.md) on purpose, independently of
 `batch_assets.reference.customer_status.rules`, so a bug there cannot hide itself.
 """
 
@@ -47,7 +47,7 @@ class CliResult:
 
     @property
     def summary(self) -> dict[str, Any] | None:
-        """The JSON object on the last non-empty line of stdout (CONTRACT §2), or None."""
+        """The JSON object on the last non-empty line of stdout (docs/reference/cli.md), or None."""
         lines = [line for line in self.stdout.splitlines() if line.strip()]
         if not lines:
             return None
@@ -184,7 +184,7 @@ def today_utc() -> date:
     return datetime.now(UTC).date()
 
 
-# --- the age-category rule of CONTRACT §5, written independently ----------------------------------
+# --- the age-category rule (docs/reference/rules.md), written independently ----------------------------------
 
 
 def _birthday(dob: date, year: int) -> date:
@@ -221,7 +221,7 @@ def oracle(dob: date, run_date: date, rules: Sequence[tuple[str, int]] = DEFAULT
 
 @dataclass
 class Classified:
-    """Customers split into the evaluable ones (with their DOB) and the failures by CONTRACT §5 kind."""
+    """Customers split into the evaluable ones (with their DOB) and the failures by kind (docs/reference/rules.md)."""
 
     good: dict[uuid.UUID, date] = field(default_factory=dict)
     bad: dict[uuid.UUID, str] = field(default_factory=dict)
@@ -265,7 +265,8 @@ def mismatches(
     engine: sa.Engine, classified: Classified, run_date: date, rules: Sequence[tuple[str, int]] = DEFAULT_RULES,
     ids: Iterable[uuid.UUID] | None = None,
 ) -> list[str]:
-    """Rows whose stored (age_category, next_review_date) differ from CONTRACT §5; failed rows must stay due."""
+    """Rows whose stored (age_category, next_review_date) differ from the age-category rule
+    (docs/reference/rules.md); failed rows must stay due."""
     stored = {r.id: r for r in rows(engine, "SELECT id, age_category, next_review_date FROM customers")}
     wanted = set(ids) if ids is not None else set(classified.good) | set(classified.bad)
     problems = []

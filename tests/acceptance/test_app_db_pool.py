@@ -1,4 +1,4 @@
-"""The application database's Dagster pool with real processes (issue 16, "a pool for the application database").
+"""The application database's Dagster pool with real processes.
 
 Every step that works on the application database takes a slot of `batch_assets_app_db` (budget.APP_DATABASE_POOL)
 while it runs. Here the pool's limit is set to 1 on the test's instance (SQLite storage, the CLI's own), and a

@@ -1,4 +1,4 @@
-"""Acceptance (issue 8): bad input exits 2 with one clear line and nothing written."""
+"""Acceptance: bad input exits 2 with one clear line and nothing written."""
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ def test_expiry_bad_run_dates_exit_2(cli_env, engine) -> None:
     assert rows(engine, "SELECT id, status FROM subscriptions ORDER BY id") == before
 
 
-# --- issue 15: empty values, loose numbers and dates, rules outside CONTRACT §5 ----------------------
+# --- empty values, loose numbers and dates, rules outside the age-category rule (docs/reference/rules.md)
+# ----------------------
 
 WRITTEN_TABLES = ("customers", "review_triggers", "outbox_events", "subscriptions", "enrollments", "payments",
                   "ba_rules", "ba_job_locks", "ba_leases", "ba_checkpoints", "ba_run_history")

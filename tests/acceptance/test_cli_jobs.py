@@ -1,4 +1,5 @@
-"""Acceptance: subscription expiry, payment queue and outbox relay through `batch-assets` (CONTRACT §2, §6, §7)."""
+"""Acceptance: subscription expiry, payment queue and outbox relay through `batch-assets` (docs/reference/cli.md,
+docs/guide/subscriptions.md, docs/guide/payment-queue.md)."""
 
 from __future__ import annotations
 
@@ -154,7 +155,8 @@ class LimitsService:
     @staticmethod
     def planned(payment_id: str) -> int:
         # Fewer than 5 transient answers in all (with the enqueue seed below), so the outage
-        # breaker of CONTRACT §7 v2 (5 transient failures in a row) cannot open in this test.
+        # breaker of the payment queue (docs/guide/payment-queue.md) (5 transient failures in a row) cannot open in
+        # this test.
         digit = uuid.UUID(payment_id).int % 10
         return 500 if digit == 0 else 400 if digit in (1, 2, 3) else 200
 

@@ -1,4 +1,4 @@
-"""Acceptance: the resident payment worker through `batch-assets` (CONTRACT §2, §7 v2).
+"""Acceptance: the resident payment worker through `batch-assets` (docs/reference/cli.md, docs/guide/payment-queue.md).
 
 SIGTERM to a resident `queue work`, `queue stats`, plug-in handlers and `dlq list --csv`,
 each driven as a real process against the test's database and a local limits stub.

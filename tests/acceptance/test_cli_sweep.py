@@ -1,4 +1,5 @@
-"""Acceptance: the customer-status sweep, driven only through `batch-assets` (CONTRACT §2, §3, §5)."""
+"""Acceptance: the customer-status sweep, driven only through `batch-assets` (docs/reference/cli.md,
+docs/reference/tables.md, docs/reference/rules.md)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def nothing_written(engine) -> dict[str, int]:
 
 
 def test_full_sweep_first_run_and_rerun_follow_the_contract(cli_env, engine, cipher):
-    """full: every good row per §5, failures by kind, a clean outbox; a second full run writes nothing."""
+    """full: every good row per the age-category rule (docs/reference/rules.md), failures by kind, a clean outbox; a
+    second full run writes nothing."""
     seeded = seed_customers(cli_env, 3000, "--bad-fraction", "0.09", "--seed", "11")
     run_date = summary_run_date(seeded)
     truth = classify(engine, cipher, run_date)
@@ -348,7 +350,8 @@ def test_sweep_default_run_date_is_today_and_one_per_run(cli_env, engine, cipher
 
 
 def test_rows_written_by_other_services_follow_sections_4_and_5_at_the_edges(cli_env, engine, cipher):
-    """29 February, birthdays on the run date, future/invalid/missing/copied ciphertexts and CLOSED rows (§4, §5)."""
+    """29 February, birthdays on the run date, future/invalid/missing/copied ciphertexts and CLOSED rows (the
+    encrypted date of birth (docs/reference/formats.md), the age-category rule (docs/reference/rules.md))."""
     from datetime import date as d
 
     ids = {name: uuid.uuid4() for name in "abcdefghijk"}

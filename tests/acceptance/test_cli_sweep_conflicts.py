@@ -1,5 +1,6 @@
 """Acceptance: a row another service edits while `batch-assets sweep customer-status` works on it is counted in the
-JSON's `conflicts` (CONTRACT §2, §3) and in run history, is not overwritten, and the next delta computes it."""
+JSON's `conflicts` (docs/reference/cli.md, docs/reference/tables.md) and in run history, is not overwritten, and the
+next delta computes it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Dead runs with real processes (CONTRACT §8): kill -9 of dagster-daemon, its code server and a sweep's run
+"""Dead runs with real processes (docs/production/operations.md): kill -9 of dagster-daemon, its code server and a
+sweep's run
 worker together, the daemon restarted: the run is FAILURE within the bound with the alert, the sweep queued
 behind it starts, and that run resumes from the checkpoints.
 """
@@ -21,7 +22,7 @@ from helpers import AlertWebhook, kill_session
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROWS = 80_000
-BOUND_S = 300  # CONTRACT §8: within 5 minutes
+BOUND_S = 300  # operations (docs/production/operations.md): within 5 minutes
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""Dead runs with real processes (CONTRACT §8): kill -9 of a sweep's run worker, then the watchdog's tick.
+"""Dead runs with real processes (docs/production/operations.md): kill -9 of a sweep's run worker, then the
+watchdog's tick.
 
 The killed process is the run worker of a CLI run (the in_process executor: the run's lock and lease
 name it). Dagster alone leaves that run STARTED for ever; the watchdog fails it with the alert, the

@@ -1,4 +1,4 @@
-"""Acceptance, real processes (issue 8): `subscriptions expire` killed with SIGKILL mid-run does not lock the
+"""Acceptance, real processes: `subscriptions expire` killed with SIGKILL mid-run does not lock the
 next run out for an hour, and the next run leaves every subscription all-or-nothing."""
 
 from __future__ import annotations

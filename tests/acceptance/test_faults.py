@@ -1,9 +1,9 @@
-"""Acceptance (issue 8): connections killed in the middle of a sweep never end in SUCCESS with rows missing.
+"""Acceptance: connections killed in the middle of a sweep never end in SUCCESS with rows missing.
 
 Reproduction of the report: seed, run `sweep customer-status --mode full` over several ranges, and end
 every connection of the database with pg_terminate_backend a few seconds in. The CLI used to exit 0 with
 SUCCESS and thousands of rows never computed. Whatever the run's outcome now, it is truthful, and the
-next run leaves every row equal to CONTRACT §5.
+next run leaves every row equal to what the age-category rule says (docs/reference/rules.md).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_backends_terminated_mid_sweep_never_report_success_with_rows_missing(
         assert mismatches(engine, classify(engine, cipher, run_date), run_date) == []
     else:
         assert result.returncode == EXIT_FAILED and summary["status"] == "FAILURE", result.describe()
-    # Recovery: the same command until it succeeds; then every row is what CONTRACT §5 says.
+    # Recovery: the same command until it succeeds; then every row is what the age-category rule says.
     for _ in range(3):
         again = run_cli(cli_env, *args, timeout=300)
         if again.returncode == EXIT_SKIPPED:

@@ -1,4 +1,4 @@
-"""Acceptance (issue 8): `queue work` rides out database outages instead of dying on them.
+"""Acceptance: `queue work` rides out database outages instead of dying on them.
 
 The fault campaign ended 2 of 3 workers rc 1 (`DatabaseUnavailable: terminating connection due to
 administrator command`) when every backend of the database was terminated mid-drain. A worker

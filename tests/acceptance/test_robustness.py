@@ -1,4 +1,4 @@
-"""Acceptance, real processes (issue 4): kill -9, SIGTERM, concurrent runs, a stolen lease, an expired lock
+"""Acceptance, real processes: kill -9, SIGTERM, concurrent runs, a stolen lease, an expired lock
 after a crash, and a lock store that is down. Everything through `batch-assets`; the database is polled
 with deadlines to find the middle of a run.
 
@@ -60,7 +60,8 @@ def live_leases(engine) -> list[tuple]:
 
 
 def check_triggers_and_events(engine, truth, stored_before, run_date) -> None:
-    """One trigger and one outbox event per category change of CONTRACT §5, and no duplicates."""
+    """One trigger and one outbox event per category change of the age-category rule (docs/reference/rules.md), and
+    no duplicates."""
     expected = set()
     for cid, dob in truth.good.items():
         exp = oracle(dob, run_date)
@@ -156,7 +157,8 @@ def test_after_sigterm_the_next_run_resumes_from_the_checkpoint(cli_env, engine,
     assert result.returncode == 0, result.describe()
     s = result.summary
     assert s["resumed_from"] is not None and s["scanned"] < BIG, s
-    # CONTRACT §5: at most the unfinished part of each range plus the pages in flight is read again; a range
+    # the age-category rule (docs/reference/rules.md): at most the unfinished part of each range plus the pages in
+    # flight is read again; a range
     # that finished (even one that finished before the others started) is not read at all.
     in_flight = 4 * (3 + 1) * 200  # 4 ranges x (window of 3 + 1 prefetched page) x page size
     assert s["scanned"] <= BIG - done + in_flight, f"the resumed run re-read finished work ({done} done): {s}"

@@ -1,4 +1,4 @@
-"""Acceptance (issue 16 #9): a re-seed with a used seed is refused before writing; `rules set` merges one threshold."""
+"""Acceptance: a re-seed with a used seed is refused before writing; `rules set` merges one threshold."""
 
 from __future__ import annotations
 

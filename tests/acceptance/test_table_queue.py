@@ -1,4 +1,4 @@
-"""Acceptance: a team's own queue, declared as a batch_assets.TableQueueComponent (CONTRACT §10).
+"""Acceptance: a team's own queue, declared as a batch_assets.TableQueueComponent (docs/reference/declarations.md).
 
 The declaration is examples/notifications (its defs.yaml, handler and DDL), copied to a folder of the test's
 own and named by BATCH_ASSETS_DEFS_DIR; everything is driven through `batch-assets` as real processes against

@@ -1,4 +1,5 @@
-"""Acceptance: what a declared queue may be (CONTRACT §10, version 4), through `batch-assets` as real processes.
+"""Acceptance: what a declared queue may be (declared queues (docs/reference/declarations.md), version 4), through
+`batch-assets` as real processes.
 
 A queue's key must be unique and NOT NULL, or `db migrate` refuses the declaration (exit 2 naming `key`) with
 nothing installed on the table; a queue may not take a name of the code location's own (`payments`), and two

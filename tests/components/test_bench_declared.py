@@ -1,4 +1,4 @@
-"""The bench's declared section (issue 17): the declared form of the customer-status rule computes what the
+"""The bench's declared section: the declared form of the customer-status rule computes what the
 hand-written plug-in computes, on the same rows, and the section reports both side by side (speed is judged
 only by `batch-assets bench`' report, never here)."""
 

@@ -1,4 +1,5 @@
-"""`jobs list` / `jobs run NAME --set ...` with a team's defs.yaml (CONTRACT §9), as an outside test drives them:
+"""`jobs list` / `jobs run NAME --set ...` with a team's defs.yaml (docs/reference/declarations.md), as an outside
+test drives them:
 a subprocess with BATCH_ASSETS_DEFS_DIR, its exit code, its stderr line and its last JSON line; and the code
 location, which loads the product's jobs whatever one broken declaration says."""
 
@@ -75,7 +76,7 @@ BROKEN = {
     "writes not among columns": ("writes: [tier, tier_review_on]", "writes: [tier, tier_review_on, status]", "writes"),
     "compute not importable": ("compute: tiers:compute", "compute: tiers_gone:compute", "compute"),
     "due not a date column": ("due: tier_review_on", "due: tier", "due"),
-    # A declaration may not be hostile either (CONTRACT §9 v4).
+    # A declaration may not be hostile either (docs/reference/declarations.md).
     "where closing its own parentheses": ("where: \"status = 'OPEN'\"", "where: \"status = 'CLOSED') OR (true\"",
                                           "where"),
     "where holding a second statement": ("where: \"status = 'OPEN'\"",

@@ -1,5 +1,5 @@
 """The declared sweep in Dagster: its schedule's run request materializes the asset with its metadata and runs
-its checks in the same run; a full run maps one step per cursor range (CONTRACT §9 "the same shape")."""
+its checks in the same run; a full run maps one step per cursor range (the same shape as the product's sweep)."""
 
 from __future__ import annotations
 

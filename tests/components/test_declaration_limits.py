@@ -1,4 +1,5 @@
-"""What a declared sweep may be (CONTRACT §9, version 4), driven as an outside test drives it: `jobs list` and
+"""What a declared sweep may be (declared sweeps (docs/reference/declarations.md), version 4), driven as an outside
+test drives it: `jobs list` and
 `jobs run` with a team's defs.yaml under BATCH_ASSETS_DEFS_DIR, their exit codes, stderr lines and JSON lines, and
 the rows, run history and checkpoints they leave. The README example's table and defs.yaml, edited per test."""
 

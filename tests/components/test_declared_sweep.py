@@ -1,4 +1,5 @@
-"""The declared sweep on the engine (CONTRACT §9): only declared columns, exactly the `writes`, RowFailure vs
+"""The declared sweep on the engine (docs/reference/declarations.md): only declared columns, exactly the `writes`,
+RowFailure vs
 compute_error, unchanged rows not written, compare-and-set writes with conflicts counted, sensitive values never
 shown, events without them, delta by `due`.
 

@@ -1,4 +1,4 @@
-"""Cursor ranges follow the key distribution, whatever the key type (issue 17, CONTRACT §9 `full`).
+"""Cursor ranges follow the key distribution, whatever the key type `full`).
 
 An even split of the UUID space puts every time-ordered UUIDv7 into one or two ranges; the planned bounds
 (sampled quantiles, or pg_stats' histogram once the table is analyzed) give 4 ranges of about a quarter each.

@@ -1,4 +1,4 @@
-"""Start-up (issue 20): a CLI sweep builds only its own job and imports only what a sweep needs.
+"""Start-up: a CLI sweep builds only its own job and imports only what a sweep needs.
 
 Not a timing assertion (speed is the bench's, `batch-assets bench` startup section): what is checked is which
 modules the CLI process holds when a delta sweep with nothing due has run. Launching one job used to import

@@ -1,4 +1,4 @@
-"""The connection budget against reality (issue 16, "confirm the arithmetic"): the backends one run holds, counted in
+"""The connection budget against reality: the backends one run holds, counted in
 pg_stat_activity by the run's application_name, against `budget.run_connections`."""
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def test_reexecution_from_failure_resumes_the_unfinished_range_from_its_checkpoi
 
 
 def test_expiry_drain_and_relay_jobs_record_their_summaries(dagster_env: Settings, engine: sa.Engine) -> None:
-    """The three single-op jobs run as Dagster runs and return CONTRACT summaries."""
+    """The three single-op jobs run as Dagster runs and return their JSON summaries."""
     for job, config in (
         ("subscription_expiry_job", ExpiryConfig(run_date="2025-06-01")),
         ("payment_queue_drain_job", QueueDrainConfig(max_seconds=5)),

@@ -1,4 +1,5 @@
-"""One view (CONTRACT §8): a run the CLI launches carries its job's code-location origin, as a UI-launched run does."""
+"""One view (docs/production/operations.md): a run the CLI launches carries its job's code-location origin, as a
+UI-launched run does."""
 
 from __future__ import annotations
 

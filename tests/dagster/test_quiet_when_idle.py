@@ -1,4 +1,5 @@
-"""Quiet when idle (CONTRACT §8): no drain while nothing is due, no check run after a run that changed nothing."""
+"""Quiet when idle (docs/production/operations.md): no drain while nothing is due, no check run after a run that
+changed nothing."""
 
 from __future__ import annotations
 

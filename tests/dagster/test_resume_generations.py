@@ -1,4 +1,4 @@
-"""A new Dagster run resumes an interrupted sweep without re-reading the ranges that finished (CONTRACT §5);
+"""A new Dagster run resumes an interrupted sweep without re-reading the ranges that finished (docs/reference/rules.md);
 after a run that succeeded, the next one reads everything again."""
 
 from __future__ import annotations

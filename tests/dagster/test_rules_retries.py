@@ -1,4 +1,5 @@
-"""Rules-change retries (CONTRACT §8): debounce, a growing delay between failed attempts, one alert per fingerprint."""
+"""Rules-change retries (docs/production/operations.md): debounce, a growing delay between failed attempts, one alert
+per fingerprint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A run's run-date window is its calendar resource's (issue 17: no environment read inside a settings model).
+"""A run's run-date window is its calendar resource's (no environment read inside a settings model).
 
 The first op checks the configured run date against the window and time zone of the calendar resource it
 receives; the command line (launch_job) checks it against the environment's settings before anything runs.

@@ -1,5 +1,6 @@
 """A row another service edits while the sweep writes it shows as `conflicts` in the Dagster output metadata of its
-range op and of the summary, in the asset's materialization and in the run's summary (CONTRACT §2, §3)."""
+range op and of the summary, in the asset's materialization and in the run's summary (docs/reference/cli.md,
+docs/reference/tables.md)."""
 
 from __future__ import annotations
 

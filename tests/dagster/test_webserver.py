@@ -237,7 +237,7 @@ def _computed(engine: sa.Engine) -> int:
         return conn.exec_driver_sql("SELECT count(*) FROM customers WHERE next_review_date IS NOT NULL").scalar_one()
 
 
-# --- operations (CONTRACT §8) -------------------------------------------------------------------
+# --- operations (docs/production/operations.md) -------------------------------------------------------------------
 
 REPOSITORY = {"repositoryLocationName": "batch_assets", "repositoryName": "__repository__"}
 SWEEP_ASSETS = ("customer_status", "review_triggers", "outbox_events")

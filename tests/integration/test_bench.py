@@ -85,7 +85,7 @@ def test_quick_bench_writes_a_complete_report_table_and_charts(bench_run: dict[s
     assert sweep["full_first_computation_w1"]["changed"] == ROWS
     assert sweep["full_steady_state_w4"]["changed"] == 0
     assert sweep["delta_500_due"]["changed"] == 500
-    for w in (1, 4):  # issue 20: a delta with 0.1% due at every size, with each worker count
+    for w in (1, 4):  # a delta with 0.1% due at every size, with each worker count
         assert sweep[f"delta_0_1pct_due_w{w}"]["changed"] == sweep[f"delta_0_1pct_due_w{w}"]["scanned"] == ROWS // 1000
     # What each sweep left in the tables (pg_stat_user_tables around it): the first computation rewrote every row
     # once (never HOT: next_review_date is indexed) and inserted one event each; the steady state wrote nothing.
@@ -102,7 +102,7 @@ def test_quick_bench_writes_a_complete_report_table_and_charts(bench_run: dict[s
         "customers": 0, "outbox_events": 0, "review_triggers": 0}
     assert all(plan["index_scan"] for plan in report["checks"]["plans"]), report["checks"]["plans"]
     assert report["startup"]["startup_s"] > 0
-    cli = report["startup"]["cli_steady_state"]  # issue 20: the CLI's wall against the floor, per worker count
+    cli = report["startup"]["cli_steady_state"]  # the CLI's wall against the floor, per worker count
     # ... cold and served by the resident launcher (cli/launcher.py), which ran every one of its commands
     assert [(p["workers"], p["launcher"]) for p in cli] == [(1, False), (1, True), (4, False), (4, True)]
     assert all(p["changed"] == 0 and p["scanned"] == ROWS for p in cli)
@@ -238,7 +238,7 @@ def test_bad_options_exit_2_and_write_nothing(server_url: str, tmp_path: Path) -
 def test_only_runs_the_sections_named_and_the_checker_holds_the_report_to_them(
     server_url: str, tmp_path: Path
 ) -> None:
-    """`--only sweep,rss` (issue 20's scaling runs): seeding, the product's sweeps and the peak RSS, nothing else; the
+    """`--only sweep,rss` (the scaling runs): seeding, the product's sweeps and the peak RSS, nothing else; the
     report says so under `only`, passes the checker and merges into the scaling table, and the checker rejects it
     once it no longer says so, or when it holds a section it does not name."""
     out = tmp_path / "out"
@@ -306,7 +306,8 @@ def _expected(engine: sa.Engine, cipher: Any) -> dict[str, tuple[str, date]]:
 def test_floor_writes_what_the_contract_says_and_nothing_on_a_second_pass(
     engine: sa.Engine, db_url: str, cipher: Any
 ) -> None:
-    """The floor sets every category and date of CONTRACT §5 with one event each; a second pass writes nothing."""
+    """The floor sets every category and date of the age-category rule (docs/reference/rules.md) with one event each;
+    a second pass writes nothing."""
     seed_customers(engine, cipher, 2500, run_date=RUN_DATE, seed=5)
     first = references.run_floor(db_url, cipher, RUN_DATE, DEFAULT_RULES)
     assert first["scanned"] == first["changed"] == first["outbox_events"] == 2500 and first["pages"] == 3

@@ -1,5 +1,5 @@
 """Checkpoint generations and verified cursors: a resumed run never re-reads a finished range, whatever the
-timing; after a finished run the next starts fresh; a corrupt checkpoint starts its range over (CONTRACT §5)."""
+timing; after a finished run the next starts fresh; a corrupt checkpoint starts its range over."""
 
 from __future__ import annotations
 

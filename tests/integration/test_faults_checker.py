@@ -156,7 +156,7 @@ def test_detects_an_event_sent_but_not_in_the_sink(engine: sa.Engine) -> None:
     assert report.info["sink_resends"] == 1
 
 
-# --- other services writing beside the jobs (issue 15) --------------------------------------
+# --- other services writing beside the jobs -----------------------------------------------
 
 
 def _aead(key_text: str) -> AESGCM:
@@ -204,7 +204,8 @@ def _beside(engine: sa.Engine) -> checker.Baseline:
 
 
 def test_evaluate_row_names_every_hostile_kind(key_text: str) -> None:
-    """Empty ciphertext is missing_data, non-ASCII digits and an encrypted '' are invalid_value (CONTRACT §5)."""
+    """Empty ciphertext is missing_data, non-ASCII digits and an encrypted '' are invalid_value
+    (docs/reference/rules.md)."""
     aead = _aead(key_text)
     donor = checker.encrypt_bytes(aead, uuid.uuid4(), b"1990-01-01")
     for kind, expected, build in writers.HOSTILE_CUSTOMERS:

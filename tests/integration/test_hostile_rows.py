@@ -1,4 +1,5 @@
-"""Hostile customer rows other services may write (CONTRACT §3, §5), swept for real on PostgreSQL: each gets a
+"""Hostile customer rows other services may write (docs/reference/tables.md, docs/reference/rules.md), swept for real
+on PostgreSQL: each gets a
 counted, named outcome, keeps its category, is left due, feeds the breaker only when it says the key is wrong,
 and a page's memory stays bounded in bytes whatever the rows hold."""
 

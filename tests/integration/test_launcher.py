@@ -1,4 +1,4 @@
-"""The resident launcher (cli/launcher.py, issue 20): a command it forks is the same CLI command.
+"""The resident launcher (cli/launcher.py): a command it forks is the same CLI command.
 
 Each test starts `batch-assets launcher` in a session of its own and stops it by its id in a `finally`; the
 commands are `python -m batch_assets.cli ...` clients with BATCH_ASSETS_LAUNCHER set, run against the test's own

@@ -1,4 +1,4 @@
-"""Payment rows other services may write (CONTRACT §3 v3): each gets a counted, named outcome, none is lost
+"""Payment rows other services may write (docs/reference/tables.md): each gets a counted, named outcome, none is lost
 and none stops the worker. Real PostgreSQL; rows are inserted by another connection, while a worker runs
 where it matters."""
 
@@ -53,7 +53,7 @@ def _rows(engine: sa.Engine) -> dict[uuid.UUID, sa.Row[Any]]:
 
 
 class Recorder:
-    """A plug-in handler (CONTRACT §7 own handlers): records (payment_id, attempts) per call; raises
+    """A plug-in handler (docs/guide/payment-queue.md: own handlers): records (payment_id, attempts) per call; raises
     RuntimeError("limits busy") for the ids in `failing`."""
 
     def __init__(self, failing: set[str] | None = None) -> None:
@@ -160,7 +160,8 @@ def test_amounts_that_are_no_payment_are_failed_without_a_call(engine: sa.Engine
 
 
 def test_unknown_statuses_are_never_claimed_and_are_counted_by_name(engine: sa.Engine, db_url: str) -> None:
-    """Statuses outside §3's four ('new', 'PENDING', 'NEW ') are left alone and counted, by name and in total."""
+    """Statuses outside the tables (docs/reference/tables.md)'s four ('new', 'PENDING', 'NEW ') are left alone and
+    counted, by name and in total."""
     _insert(db_url, [{"amount_cents": 100, "status": s} for s in ("new", "PENDING", "NEW ")])
     result = run_worker(engine, QueueSettings(), handler=PluginHandler(Recorder()))
     assert result.claimed == 0

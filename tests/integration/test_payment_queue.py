@@ -286,7 +286,8 @@ def test_queue_stats_counts_by_status_and_stuck(engine: sa.Engine) -> None:
         )
     stats = queue.queue_stats(engine)
     assert stats["by_status"] == {"NEW": 2, "PROCESSING": 2, "DONE": 1, "FAILED": 0}
-    # due = the 2 NEW rows + the lapsed claim (CONTRACT §7's due rows); stuck = the lapsed claim.
+    # due = the 2 NEW rows + the lapsed claim (the payment queue (docs/guide/payment-queue.md)'s due rows); stuck =
+    # the lapsed claim.
     assert (stats["total"], stats["due"], stats["stuck_processing"]) == (5, 3, 1)
 
 
@@ -304,7 +305,8 @@ def test_claim_uses_both_partial_indexes(engine: sa.Engine) -> None:
     text = str(plan)
     assert "payments_claim_rank_idx" in text
     assert "payments_processing_idx" in text
-    # Rows without a lease (claimed_until NULL, CONTRACT §3 v3) are found on the same index, not by a scan.
+    # Rows without a lease (claimed_until NULL, the tables (docs/reference/tables.md)) are found on the same index,
+    # not by a scan.
     assert "'Index Cond': '(claimed_until IS NULL)'" in text, text
 
 

@@ -1,4 +1,4 @@
-"""The resident payment worker (CONTRACT §7 v2): aging, notifications, breaker, plug-ins, crashes, plans.
+"""The resident payment worker (docs/guide/payment-queue.md): aging, notifications, breaker, plug-ins, crashes, plans.
 
 Real PostgreSQL; the crash and outage tests run the worker as a separate process against a
 local HTTP stub and stop it by its own process group.
@@ -292,7 +292,8 @@ PLUGIN = textwrap.dedent(
 def test_plugin_handler_done_permanent_and_transient(
     engine: sa.Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, function: str
 ) -> None:
-    """Returning → DONE; PermanentFailure → FAILED at once; another exception → retry; kwargs as in §7."""
+    """Returning → DONE; PermanentFailure → FAILED at once; another exception → retry; kwargs as in the payment queue
+    (docs/guide/payment-queue.md)."""
     module = f"ba_plugin_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -463,7 +464,7 @@ def test_poison_payments_reach_failed_after_max_attempts_while_good_ones_go_done
 ) -> None:
     """10 payments the limits service always answers 500, claimed first among 200 good ones, open the breaker;
     still each is POSTed exactly max_attempts times and FAILED with attempts == max_attempts, and every good
-    payment is DONE after one POST (a call that was made always spends its attempt, CONTRACT §7 v3)."""
+    payment is DONE after one POST (a call that was made always spends its attempt: docs/guide/payment-queue.md)."""
     with engine.begin() as conn:
         poison = [r[0] for r in conn.execute(sa.text(
             "INSERT INTO payments (id, amount_cents, priority) SELECT gen_random_uuid(), 100, 10"

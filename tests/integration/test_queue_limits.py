@@ -1,4 +1,4 @@
-"""The queue's shared limits on a real PostgreSQL, piece by piece (issue 18): the rate limit's slots and the
+"""The queue's shared limits on a real PostgreSQL, piece by piece: the rate limit's slots and the
 in-flight semaphore with its leases. Several limiters with connections of their own stand for several
 workers; test_queue_limits_processes.py runs real worker processes."""
 

@@ -1,4 +1,4 @@
-"""The queue's limits and liveness with real worker processes (issue 18): each worker is a process of its own
+"""The queue's limits and liveness with real worker processes: each worker is a process of its own
 session against a local limits service that records when each call arrived and how many were in flight;
 every process is killed by its own group in a `finally`.
 

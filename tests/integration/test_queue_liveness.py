@@ -1,4 +1,4 @@
-"""Liveness, not only the lease (issue 18): the claim renewal on a real PostgreSQL, fenced by the claim token."""
+"""Liveness, not only the lease: the claim renewal on a real PostgreSQL, fenced by the claim token."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The retry policy a handler can steer, end to end through the worker on a real PostgreSQL (issue 18):
+"""The retry policy a handler can steer, end to end through the worker on a real PostgreSQL:
 the limits service's Retry-After on 429/503, `batch_assets.RetryAfter(seconds)` from a team's function,
 and the jittered backoff otherwise."""
 

@@ -1,4 +1,5 @@
-"""Retention (CONTRACT §8): what is old and finished goes, in short batches; nothing needed is deleted."""
+"""Retention (docs/production/operations.md): what is old and finished goes, in short batches; nothing needed is
+deleted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Another connection edits rows between a sweep's read and its write (CONTRACT §3): the edit wins, the row is
+"""Another connection edits rows between a sweep's read and its write (docs/reference/tables.md): the edit wins, the
+row is
 counted in `conflicts`, left due, gets no trigger or event from the old value, and the next run computes it."""
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ def test_cursor_ranges_partition_the_key_space(engine: sa.Engine, cipher: DobCip
 
 
 def test_summary_has_the_contract_keys(engine: sa.Engine, cipher: DobCipher) -> None:
-    """to_summary() carries every CONTRACT §2 key for a sweep."""
+    """to_summary() carries every the command line (docs/reference/cli.md) key for a sweep."""
     copy_customers(engine, random_customers(cipher, 10))
     summary = _sweep(engine, cipher, settings=SweepSettings(workers=1)).to_summary()
     for key in ("status", "run_id", "scanned", "changed", "unchanged", "failed", "failed_by_type", "duration_s",

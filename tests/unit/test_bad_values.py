@@ -1,4 +1,5 @@
-"""Bad values refused on the library and Dagster paths too, not only by the CLI (CONTRACT §2, §5)."""
+"""Bad values refused on the library and Dagster paths too, not only by the CLI (docs/reference/cli.md,
+docs/reference/rules.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bench's scaling merge (issue 20): per-row times and peak RSS across sizes, from the reports of each size."""
+"""The bench's scaling merge: per-row times and peak RSS across sizes, from the reports of each size."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Start-up (issue 20): the CLI's collector is paused only in a process started as the CLI, and resumed frozen."""
+"""Start-up: the CLI's collector is paused only in a process started as the CLI, and resumed frozen."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Hostile date-of-birth values (CONTRACT §4, §5): the strict parse, the decrypt and the sweep's outcome of each."""
+"""Hostile date-of-birth values (docs/reference/formats.md, docs/reference/rules.md): the strict parse, the decrypt
+and the sweep's outcome of each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Start-up (issue 20): while a CLI launch runs, the instance's SQLite files are written without an fsync and a
+"""Start-up: while a CLI launch runs, the instance's SQLite files are written without an fsync and a
 WAL checkpoint per event (`instance_home.quick_commits`); outside it, SQLite's defaults."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rate limit's bench figures (issue 18): window counting, the report's table rows and the checker."""
+"""The rate limit's bench figures: window counting, the report's table rows and the checker."""
 
 from __future__ import annotations
 

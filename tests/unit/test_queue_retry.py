@@ -1,4 +1,4 @@
-"""The retry policy a handler can steer: backoff with jitter and a cap, Retry-After, RetryAfter (issue 18)."""
+"""The retry policy a handler can steer: backoff with jitter and a cap, Retry-After, RetryAfter."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def test_retry_after_is_read_as_seconds_or_an_http_date() -> None:
 
 
 def test_429_and_503_carry_their_retry_after_other_answers_do_not() -> None:
-    """The limits service's Retry-After sets the delay on 429 and 503 only; the verdicts stay as CONTRACT §7 says."""
+    """The limits service's Retry-After sets the delay on 429 and 503 only; the verdicts stay as the payment queue
+    (docs/guide/payment-queue.md) says."""
     assert classify_status(429, "30").delay_s == 30
     assert classify_status(503, "5").delay_s == 5
     assert classify_status(500, "30").delay_s is None

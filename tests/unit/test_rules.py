@@ -1,4 +1,4 @@
-"""The age-category rule (CONTRACT §5) and the sweep's per-row compute."""
+"""The age-category rule (docs/reference/rules.md) and the sweep's per-row compute."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`rules set --thresholds` merges onto the rules in force (issue 16 #9): one threshold alone changes that rule."""
+"""`rules set --thresholds` merges onto the rules in force: one threshold alone changes that rule."""
 
 from __future__ import annotations
 

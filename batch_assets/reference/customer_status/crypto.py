@@ -1,4 +1,4 @@
-"""The encrypted date of birth of CONTRACT §4.
+"""The encrypted date of birth (docs/reference/formats.md).
 
 `encrypted_dob` = 12-byte nonce ‖ AES-256-GCM(ciphertext ‖ tag) of ASCII
 `YYYY-MM-DD`, with the customer's 16 id bytes as associated data. One cipher
@@ -44,7 +44,8 @@ def generate_key_text() -> str:
 
 
 def load_key(settings: Settings) -> bytes:
-    """The key of CONTRACT §1: the variable, or in embedded mode a generated dev key."""
+    """The key of the environment (docs/reference/environment.md): the variable, or in embedded mode a generated dev
+    key."""
     if settings.encryption_key is not None:
         return decode_key(settings.encryption_key)
     if not settings.embedded:

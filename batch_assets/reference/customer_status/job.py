@@ -35,7 +35,8 @@ MAX_RANGES = 256
 
 
 class CustomerStatusSettings(DatedSettings, SweepSettings):
-    """The customer-status sweep's settings (CONTRACT §2 `sweep customer-status`): the run's mode, date and cursor
+    """The customer-status sweep's settings (`sweep customer-status`, docs/reference/cli.md): the run's mode, date
+    and cursor
     ranges on top of every engine knob. The one model its run config (launchpad) and CLI options derive from."""
 
     mode: Mode = Field(default="delta", description="delta | full | config-change.")
@@ -76,7 +77,7 @@ def run_customer_status_sweep(
     cursor_range: CursorRange | None = None,
     progress: ProgressCallback | None = None,
 ) -> SweepResult:
-    """The customer-status sweep of CONTRACT §5; every argument is validated before any read or write."""
+    """The customer-status sweep (docs/reference/rules.md); every argument is validated before any read or write."""
     if mode not in MODES:  # called without the settings model (tests, bench): the same Mode values
         raise ConfigError(f"must be one of {', '.join(MODES)}, got {mode!r}", field="mode")
     if not isinstance(run_date, date) or isinstance(run_date, datetime):

@@ -1,4 +1,4 @@
-"""The age-category rule of CONTRACT §5, as pure functions of explicit dates.
+"""The age-category rule (docs/reference/rules.md), as pure functions of explicit dates.
 
 Nothing here reads the clock: the run date is always an argument.
 """
@@ -22,7 +22,7 @@ _AGE_RE = re.compile(r"[0-9]{1,3}", re.ASCII)
 MAX_CATEGORY_LENGTH = 63
 _NAME_RE = re.compile(r"[A-Z][A-Z0-9_]*", re.ASCII)
 MAX_MIN_AGE = 130
-"""CONTRACT §5: rule ages are at most 130."""
+"""Rule ages are at most 130 (docs/reference/rules.md)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,8 @@ def parse_pairs(text: str) -> list[tuple[str, int]]:
 
 
 def validate(rules: Sequence[Rule]) -> None:
-    """CONTRACT §5: an ordered list, the first with min_age 0, ages strictly increasing and at most 130;
+    """The rules (docs/reference/rules.md): an ordered list, the first with min_age 0, ages strictly increasing and
+    at most 130;
     each category 1..63 characters, an upper-case letter then upper-case letters, digits or _, unique.
 
     The one check of every path that makes Rules (CLI, Dagster, library, rules read back from ba_rules),

@@ -1,11 +1,11 @@
 """`batch-assets seed customers`: realistic, deterministic test data, loaded with COPY.
 
-Every row is ACTIVE with an encrypted date of birth (CONTRACT §4). Without
+Every row is ACTIVE with an encrypted date of birth (docs/reference/formats.md). Without
 `--due-fraction` rows are fresh (no category, `next_review_date` NULL: the
 first computation). With `--due-fraction F` rows look like a settled table:
 each carries the category and next review date of the run date, and F of them
 are due on the run date with a real category transition. `--bad-fraction`
-rows carry each failure kind of CONTRACT §5 in turn.
+rows carry each failure kind of the age-category rule (docs/reference/rules.md) in turn.
 """
 
 from __future__ import annotations

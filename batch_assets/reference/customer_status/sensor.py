@@ -51,7 +51,7 @@ def _swept(database: DatabaseResource, run_id: str) -> bool:
 
 
 RULES_DEBOUNCE_S = 60.0
-"""Rules changed again within this long are swept once, for the latest rules (CONTRACT §8)."""
+"""Rules changed again within this long are swept once, for the latest rules (docs/production/operations.md)."""
 RULES_RETRY_BASE_S = 60.0
 """After a config-change attempt that did not succeed, the next waits this long, doubling per failed attempt ..."""
 RULES_RETRY_MAX_S = 3600.0

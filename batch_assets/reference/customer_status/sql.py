@@ -64,7 +64,7 @@ SELECT {_COLUMNS}
 # every changed row (UPDATE ... FROM unnest), its review trigger (a transition) and one
 # age_category_changed outbox event per row whose category changed, both built in SQL from the rows
 # actually updated, so a trigger or an event exists exactly when its row's change committed.
-# A row is updated only if it still holds every column that was read (CONTRACT §3): status, the
+# A row is updated only if it still holds every column that was read (docs/reference/tables.md): status, the
 # source encrypted_dob (compared whole; a value that was too long to read is compared by its length,
 # which is all its outcome depended on), age_category, next_review_date and review_failure. A row
 # another service edited meanwhile is not written and is counted as a conflict: writing

@@ -1,1 +1,1 @@
-"""The payment task queue (CONTRACT §7): claim, process outside a transaction, retry, DLQ."""
+"""The payment task queue (docs/guide/payment-queue.md): claim, process outside a transaction, retry, DLQ."""

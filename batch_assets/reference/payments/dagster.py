@@ -1,4 +1,5 @@
-"""The payment queue in Dagster: the worker's config, op and job, its asset, checks and drain sensor (CONTRACT §7).
+"""The payment queue in Dagster: the worker's config, op and job, its asset, checks and drain sensor
+(docs/guide/payment-queue.md).
 
 Lineage: payments ─▶ payment_status.
 """
@@ -51,11 +52,12 @@ class QueueDrainConfig(QueueWorkConfig):
     (`declaration.PAYMENTS_QUEUE`)."""
 
 
-# --- the handler (CONTRACT §7) -----------------------------------------------------------------
+# --- the handler (docs/guide/payment-queue.md) -----------------------------------------------------------------
 
 
 class PaymentHandlerResource(dg.ConfigurableResource):
-    """The payments' handler of a worker run (CONTRACT §7): BATCH_ASSETS_PAYMENT_HANDLER when set, else the POST
+    """The payments' handler of a worker run (docs/guide/payment-queue.md): BATCH_ASSETS_PAYMENT_HANDLER when set,
+    else the POST
     to BATCH_ASSETS_LIMITS_URL, else the simulated handler (demo). Both reach it only through EnvVar."""
 
     plugin: str | None = Field(
@@ -219,7 +221,8 @@ def payment_queue_drain(context: dg.SensorEvaluationContext, database: DatabaseR
                         job_lock: JobLockResource) -> dg.SensorResult:
     """A drain only when a payment is due, QUEUE_DRAIN_INTERVAL_S after the last one finished; never two at once.
 
-    While nothing is due no run starts (CONTRACT §8 "quiet when idle"); payment_status still gets fresh
+    While nothing is due no run starts ("quiet when idle", docs/production/operations.md); payment_status still gets
+    fresh
     numbers, as an observation on a tick.
     """
     records = context.instance.get_run_records(

@@ -1,6 +1,8 @@
-"""The payments queue, declared as any team declares a queue (CONTRACT §7, §10): a `QueueDeclaration`.
+"""The payments queue, declared as any team declares a queue (docs/guide/payment-queue.md,
+docs/reference/declarations.md): a `QueueDeclaration`.
 
-Its handler is a factory (`payment_handler`), so the §7 default stays: BATCH_ASSETS_PAYMENT_HANDLER
+Its handler is a factory (`payment_handler`), so the default handler (docs/guide/payment-queue.md) stays:
+BATCH_ASSETS_PAYMENT_HANDLER
 when set, else the POST to BATCH_ASSETS_LIMITS_URL, else the simulated handler (demo). Its store keeps
 the object names migrations 0001, 0002 and 0006 gave the payments' indexes, trigger and channel.
 """

@@ -1,4 +1,4 @@
-"""Payment handlers: the HTTP limits check of CONTRACT §7, plug-in handlers, and a simulation for demos.
+"""Payment handlers: the HTTP limits check (docs/guide/payment-queue.md), plug-in handlers, and a simulation for demos.
 
 A handler turns one claimed payment into an `Outcome`; it never touches the database and
 never raises for an expected failure. The worker awaits `handle_async` on its event loop, so
@@ -24,7 +24,7 @@ from batch_assets import Claim, ConfigError, Handler, KwargsHandler, Outcome, lo
 from batch_assets.reference.payments.http11 import HttpError, PostClient
 
 PAYMENT_HANDLER_VAR = "BATCH_ASSETS_PAYMENT_HANDLER"
-"""`module:function` of a user's own handler (CONTRACT §7); unset = the default handler."""
+"""`module:function` of a user's own handler (docs/guide/payment-queue.md); unset = the default handler."""
 
 
 RETRY_AFTER_STATUSES = (429, 503)
@@ -118,13 +118,13 @@ class HttpLimitsHandler:
 
 def payment_arguments(claim: Claim) -> dict[str, Any]:
     """The keyword arguments of a payment plug-in: `payment_id` (the id as text, as in the HTTP body),
-    `amount_cents` and `attempts` (CONTRACT §7)."""
+    `amount_cents` and `attempts` (docs/guide/payment-queue.md)."""
     return {"payment_id": str(claim.id), "amount_cents": int(claim.values["amount_cents"]),
             "attempts": int(claim.attempts)}
 
 
 class PluginHandler(KwargsHandler):
-    """A user's function `f(*, payment_id, amount_cents, attempts)` as a handler (CONTRACT §7).
+    """A user's function `f(*, payment_id, amount_cents, attempts)` as a handler (docs/guide/payment-queue.md).
 
     Returning means DONE; `batch_assets.PermanentFailure` means FAILED at once;
     `batch_assets.RetryAfter(seconds)` is transient, tried again after `seconds`; any other
@@ -199,7 +199,7 @@ def default_handler(
     limits_url: str | None, timeout_s: float, *, concurrency: int = 8, seed: int = 0, plugin: str | None = None
 ) -> Handler:
     """The plug-in when `plugin` (BATCH_ASSETS_PAYMENT_HANDLER) is set, else HttpLimitsHandler when a
-    limits URL is set, else the SimulatedHandler (CONTRACT §7)."""
+    limits URL is set, else the SimulatedHandler (docs/guide/payment-queue.md)."""
     if plugin:
         return load_plugin(plugin, concurrency=concurrency)
     if limits_url:

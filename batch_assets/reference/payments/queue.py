@@ -67,5 +67,5 @@ def dlq_replay(engine: sa.Engine, ids: Sequence[uuid.UUID | str] | None) -> Repl
 
 
 def queue_stats(engine: sa.Engine) -> dict[str, Any]:
-    """`queue stats` of the payment queue (CONTRACT §7; `QueueStore.stats`)."""
+    """`queue stats` of the payment queue (docs/guide/payment-queue.md; `QueueStore.stats`)."""
     return PAYMENTS.stats(engine)

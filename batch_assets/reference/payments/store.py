@@ -1,4 +1,5 @@
-"""The payment queue's store: the `payments` table (CONTRACT §3, §7) declared as a generic queue."""
+"""The payment queue's store: the `payments` table (docs/reference/tables.md, docs/guide/payment-queue.md) declared
+as a generic queue."""
 
 from __future__ import annotations
 

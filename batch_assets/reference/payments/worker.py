@@ -1,4 +1,4 @@
-"""The resident payment worker (CONTRACT §7): the generic queue worker on the payments' store.
+"""The resident payment worker (docs/guide/payment-queue.md): the generic queue worker on the payments' store.
 
 The worker itself is `domains.queue.worker` (claim loop and adaptive batch, executor, completer,
 notifier, breaker); the payments add their store (`store.PAYMENTS`) and their own refusal (an amount

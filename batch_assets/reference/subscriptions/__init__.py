@@ -1,1 +1,1 @@
-"""The nightly subscription expiry (CONTRACT §6)."""
+"""The nightly subscription expiry (docs/guide/subscriptions.md)."""

@@ -1,4 +1,5 @@
-"""The nightly subscription expiry in Dagster: config, op, job, assets, check and schedules (CONTRACT §6).
+"""The nightly subscription expiry in Dagster: config, op, job, assets, check and schedules
+(docs/guide/subscriptions.md).
 
 Lineage: subscriptions, enrollments ─▶ subscription_status.
 """
@@ -47,8 +48,8 @@ NIGHTLY = "nightly_jobs"
 
 ExpiryConfig = config_class(
     ExpiryJobSettings, "ExpiryConfig",
-    "Nightly subscription expiry (CONTRACT §6), derived from ExpiryJobSettings. run_date: expire ACTIVE "
-    "subscriptions with expiry_date before it (default today).",
+    "Nightly subscription expiry (docs/guide/subscriptions.md), derived from ExpiryJobSettings. run_date: expire "
+    "ACTIVE subscriptions with expiry_date before it (default today).",
     fields=("run_date", "allow_distant_run_date", "retry_failed", "batch_size", "max_retries"),
 )
 """The run config: launchpad fields, defaults and descriptions derived from ExpiryJobSettings; `to_settings()`

@@ -1,4 +1,5 @@
-"""The subscription expiry's statements, by name (CONTRACT §6). Bound parameters only (`sa.text`, `:name`).
+"""The subscription expiry's statements, by name (docs/guide/subscriptions.md). Bound parameters only (`sa.text`,
+`:name`).
 
 The narrow projection every read returns is the row type of the expiry sweep: (id bigint, expiry_date date).
 """
@@ -43,7 +44,7 @@ SELECT id, expiry_date
 )
 
 # EXPIRE_BATCH — a whole batch in one statement: mark EXPIRED every subscription that still holds
-# what was read (the selected status and the same expiry_date, CONTRACT §3) and is past its expiry,
+# what was read (the selected status and the same expiry_date: docs/reference/tables.md) and is past its expiry,
 # and delete exactly those subscriptions' enrollments. A subscription another writer changed since
 # the read (renewed, closed, moved) is not touched: it is counted as a conflict and the next run
 # selects it again if it is still due. Run in one short transaction, so each subscription is still

@@ -1,4 +1,4 @@
-"""The subscription expiry (CONTRACT §6) as a `Sweep` on the engine's plug-in API.
+"""The subscription expiry (docs/guide/subscriptions.md) as a `Sweep` on the engine's plug-in API.
 
 Row = (id, expiry_date). Nothing is computed: every selected row is to be expired. The engine reads
 keyset batches, writes a batch in one statement (EXPIRE_BATCH) and, when that fails for a row's own
