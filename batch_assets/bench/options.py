@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"where the JSON report, markdown table and charts go (default {DEFAULT_OUTPUT_DIR})")
     parser.add_argument("--render", metavar="REPORT_JSON", default=None,
                         help="measure nothing: render the table and charts of an existing report into --output-dir")
-    parser.add_argument("--readme", metavar="README_MD", default=None,
-                        help="also replace the bench table between the markers of this README")
+    parser.add_argument("--readme", metavar="PAGE_MD", default=None,
+                        help="also replace the bench tables between the markers of this page (docs/bench/index.md)")
     parser.add_argument("--only", default=None, metavar="SECTION[,SECTION...]",
                         help="run only these sections (seeding always runs): " + ",".join(SECTIONS)
                         + "; the report lists them under 'only' (default: all)")
