@@ -15,7 +15,10 @@ exactly the `writes` columns:
   the row still matches `where`; the others are conflicts, left as the other writer left them.
 
 Sensitive columns are compared in SQL only: they never appear in a log line, a cursor, a checkpoint or an
-event. Neither does any value of a row: logs name rows by key (or not at all when the key is sensitive).
+event. Neither does any value of a row: logs name rows by key (or not at all when the key is sensitive), an
+exception of `compute` (SystemExit and other BaseExceptions included) by its type only, and a failed read or write
+by its SQLSTATE condition and column only (`describe_error`), since PostgreSQL's text may echo the value.
+Each `compute` call is bounded (`call_timeout_s`): past it the row is `compute_timeout`, systemic.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from batch_assets.engine.definition import UNCHANGED, RowOutcome, SqlReader, Swe
 from batch_assets.engine.failures import COMPUTE_ERROR, KIND_RE
 from batch_assets.engine.ranges import CursorRange, key_json, key_value, quote
 from batch_assets.engine.table import Column, Table
-from batch_assets.errors import ConfigError, RowFailure
+from batch_assets.errors import ConfigError, RowFailure, condition_text
 
 log = logging.getLogger("batch_assets.sweep")
 
@@ -60,6 +63,8 @@ class SweepTarget:
     compute: Compute
     outbox: str = "outbox_events"
     """The outbox table its events go to (this repository's, or the library's own in a team's project)."""
+    call_timeout_s: float | None = None
+    """The longest one `compute` call may take (s); None: not bounded."""
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -196,9 +201,14 @@ class DeclaredSweep(Sweep):
         else:
             self.reader = FullReader(target, sql)
         self._compute = target.compute
+        self.call_timeout_s = target.call_timeout_s
 
     def describe(self, row: Any) -> str:
         return self.reader.describe_key(row[0])
+
+    def describe_error(self, exc: BaseException) -> str:
+        """A failed read or write by its SQLSTATE condition and column only: PostgreSQL's text may echo a value."""
+        return condition_text(exc)
 
     # Computing -------------------------------------------------------------
 
@@ -211,11 +221,12 @@ class DeclaredSweep(Sweep):
             if isinstance(kind, str) and KIND_RE.fullmatch(kind):
                 # The row's own data: counted under its kind, never systemic (like a known bad row).
                 return RowOutcome(None, kind, 0, True)
-            log.warning("sweep %s: RowFailure kind is not a short lower-case word for %s", self.name,
-                        self.describe(row))
+            log.debug("sweep %s: RowFailure kind is not a short lower-case word for %s", self.name,
+                      self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
-        except Exception as exc:  # noqa: BLE001 — the team's function: any defect is counted, systemic
-            log.warning("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
+        except BaseException as exc:  # noqa: BLE001 — the team's function (SystemExit too): a defect, systemic
+            # Its type only: its message is the team's text and may hold a value. The page's warning counts it.
+            log.debug("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
         # Exactly the writes: a dict of as many keys that has every one of them (the common case, checked by
         # picking them), else any mapping whose keys are the writes.
@@ -233,10 +244,15 @@ class DeclaredSweep(Sweep):
         return RowOutcome((row, new))
 
     def _not_the_writes(self, result: Any, row: Sequence[Any]) -> RowOutcome:
-        """A result that is not exactly the declared writes: compute_error, with the keys it had (names only)."""
-        got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
-        log.warning("sweep %s: compute must return exactly %s, got %s for %s", self.name,
-                    sorted(self._write_set), got, self.describe(row))
+        """A result that is not exactly the declared writes: compute_error. Logged by the declared names it lacks and
+        how many others it had (a key of the team's result is the team's text: it may hold a value)."""
+        if isinstance(result, Mapping):
+            keys = set(result.keys())
+            got = f"missing {sorted(self._write_set - keys)}, {len(keys - self._write_set)} other key(s)"
+        else:
+            got = type(result).__name__
+        log.debug("sweep %s: compute must return exactly %s, got %s for %s", self.name,
+                  sorted(self._write_set), got, self.describe(row))
         return RowOutcome(None, COMPUTE_ERROR)
 
     # Writing ---------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     type: batch_assets.SweepComponent
     attributes: {name, table, key, columns, where?, due?, compute, writes, sensitive?, event?, schedules?,
-                 database_url?, asset_key?, source_asset_key?}
+                 database_url?, asset_key?, source_asset_key?, call_timeout_s?}
 
 The attributes are checked in two steps, each failure a ConfigError naming the attribute (exit 2):
 
@@ -54,6 +54,7 @@ from batch_assets.orchestration.components.scaffold import SweepScaffolder
 from batch_assets.orchestration.defaults import REPOSITORY, TEAM, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.plugins import load_function
+from batch_assets.settings_model import DEFAULT_CALL_TIMEOUT_S, MAX_CALL_TIMEOUT_S
 
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,40}")
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
@@ -89,6 +90,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     database_url: Annotated[DatabaseUrl | None, DATABASE_URL_RESOLVER] = None
     asset_key: str | None = None
     source_asset_key: str | None = None
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
 
     _folder: Path | None = PrivateAttr(default=None)
     _built: dict[LocationDefaults, list[JobSpec]] = PrivateAttr(default_factory=dict)
@@ -157,6 +159,13 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
             raise ValueError(f"must match [a-z][a-z0-9_.]{{0,60}}, got {value!r}")
         return value
 
+    @field_validator("call_timeout_s")
+    @classmethod
+    def _call_timeout(cls, value: float) -> float:
+        if not 0 < value <= MAX_CALL_TIMEOUT_S:
+            raise ValueError(f"must be > 0 and <= {MAX_CALL_TIMEOUT_S:g} (seconds), got {value!r}")
+        return value
+
     @field_validator("asset_key", "source_asset_key")
     @classmethod
     def _asset_key(cls, value: str | None) -> str | None:
@@ -212,7 +221,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
         return SweepTarget(
             name=self.name, table=table, key=key, kind=kind, columns=tuple(self.columns), due=due,
             writes=tuple(self.writes), sensitive=frozenset(self.sensitive), where=self.where, event=self.event,
-            compute=compute, outbox=outbox,
+            compute=compute, outbox=outbox, call_timeout_s=self.call_timeout_s,
         )
 
     def check_database(self, engine: sa.Engine) -> None:
@@ -221,7 +230,8 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
 
     def fingerprint(self) -> str:
         """What a checkpoint of this sweep must match: the declaration (a changed one starts over)."""
-        dump = self.model_dump(mode="json", exclude={"database_url"})
+        # call_timeout_s bounds how long a row may take, not what it becomes: a changed one keeps the checkpoints.
+        dump = self.model_dump(mode="json", exclude={"database_url", "call_timeout_s"})
         # Attributes added since the first release count only when set, so an unchanged declaration keeps its
         # fingerprint (and an interrupted run of it resumes) across the upgrade.
         for added in ("asset_key", "source_asset_key"):
