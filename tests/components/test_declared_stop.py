@@ -147,3 +147,22 @@ def test_sigterm_ends_a_declared_queue_worker_whose_handler_does_not_return(
     Path(queue_env["SLOW_FLAG"]).unlink()
     ok(queue_env, "queue", "work", "--queue", "notifications", "--drain")
     assert {r[0] for r in rows(engine, "SELECT status FROM notifications")} == {"DONE"}
+
+
+def test_call_timeout_s_is_declared_shown_with_its_bounds_and_enforced(
+    sweep_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`jobs list` shows call_timeout_s with the bounds `jobs run` enforces before a run starts; a declaration's own
+    call_timeout_s outside its bounds is exit 2 naming the file and the attribute."""
+    listed = run_cli(sweep_env, "jobs", "list")
+    assert listed.returncode == EXIT_OK, listed.describe()
+    jobs = {job["name"]: job for job in (listed.summary or {})["jobs"]}
+    field = {f["name"]: f for f in jobs["loyalty_tier"]["fields"]}["call_timeout_s"]
+    assert (field["gt"], field["le"], field["default"]) == (0, 3600, None), field
+    for bad in ("0", "3601"):
+        refused = run_cli(sweep_env, "jobs", "run", "loyalty_tier", "--set", f"call_timeout_s={bad}")
+        assert refused.returncode == 2 and "call_timeout_s" in refused.stderr, refused.describe()
+    defs = Path(sweep_env["BATCH_ASSETS_DEFS_DIR"]) / "loyalty" / "defs.yaml"
+    defs.write_text(defs.read_text() + "  call_timeout_s: 0\n")
+    broken = run_cli(sweep_env, "jobs", "list")
+    assert broken.returncode == 2 and f"{defs}: call_timeout_s:" in broken.stderr, broken.describe()
