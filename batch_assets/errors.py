@@ -7,6 +7,7 @@ Kept free of heavy imports: a team's function imports its signals from `batch_as
 from __future__ import annotations
 
 import math
+import re
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -106,6 +107,18 @@ def cause_line(exc: BaseException) -> str:
     """The first line of an error's own message (the driver's error for a SQLAlchemy wrapper), or its type."""
     cause = getattr(exc, "orig", None) or exc
     return first_line(str(cause)) or type(cause).__name__
+
+
+def condition_text(exc: BaseException) -> str:
+    """A database error by its SQLSTATE's condition name and the column PostgreSQL names (`not_null_violation (column
+    tier)`), never by its message, which may echo a value of the row (`invalid input syntax for type integer:
+    "..."`); any other error by its type name alone."""
+    cause = getattr(exc, "orig", None) or exc
+    if not getattr(cause, "sqlstate", None):
+        return type(cause).__name__
+    name = re.sub(r"(?<!^)(?=[A-Z])", "_", type(cause).__name__).lower()  # psycopg: the condition, in CamelCase
+    column = getattr(getattr(cause, "diag", None), "column_name", None)
+    return f"{name} (column {column})" if column else name
 
 
 def error_text(exc: BaseException) -> str:

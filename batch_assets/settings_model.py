@@ -34,6 +34,12 @@ WHOLE_NUMBER_RE = re.compile(r"[0-9]{1,18}", re.ASCII)
 DECIMAL_NUMBER_RE = re.compile(r"(?:[0-9]{1,18}(?:\.[0-9]{1,18})?|\.[0-9]{1,18})", re.ASCII)
 
 
+DEFAULT_CALL_TIMEOUT_S = 30.0
+"""The bound of one call into a team's code (a declared `compute` or `handler`) unless its declaration says more."""
+MAX_CALL_TIMEOUT_S = 3600.0
+"""Upper bound of a call's bound (s)."""
+
+
 class SettingsModel(pydantic.BaseModel):
     """Base of every job's settings (see the module docstring). Strict: 2.0 is not a count, 'yes' not a flag."""
 

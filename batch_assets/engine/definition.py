@@ -2,7 +2,8 @@
 
 A sweep is a `Sweep`: a `Reader` (keyset pages; `SqlReader` for two statements and their
 parameters), `compute(row)` and `write_page`. Everything else has a default: `write_row`
-(a page of one), `pre_check`, `side_effects` and `write_failures` (retry, name, record).
+(a page of one), `describe_error`, `call_timeout_s`, `pre_check`, `side_effects` and
+`write_failures` (retry, name, record).
 The runner (paging, concurrency, transactions, fallback, breaker, checkpoints) stays the
 same. Rows are whatever narrow tuple the reader returns. docs/DESIGN.md shows the seams.
 """
@@ -21,7 +22,7 @@ from batch_assets.db.engine import is_transient
 from batch_assets.engine.ranges import FULL_RANGE, UUID_MAX, UUID_MIN, CursorRange  # noqa: F401 (re-exported)
 from batch_assets.engine.result import WRITE_ERROR
 from batch_assets.engine.settings import MAX_PAGE_SIZE
-from batch_assets.errors import ConfigError
+from batch_assets.errors import ConfigError, error_text
 
 Row = Any
 Cursor = Any
@@ -135,9 +136,19 @@ class Reader(ABC):
     def display_cursor(self, cursor: Cursor | None) -> Any:
         """The form of a cursor shown to people (logs, Dagster metadata, run history, the CLI's JSON).
 
-        It must show nothing sensitive (CONTRACT §5: no date derived from a date of birth); the checkpoint
-        table keeps the real cursor. Default: the cursor itself."""
+        It must show nothing sensitive (no date derived from a date of birth); the checkpoint table keeps the
+        cursor in its stored form (`seal_cursor`). Default: the cursor itself."""
         return cursor
+
+    def seal_cursor(self, cursor: Cursor) -> Any:
+        """The JSON-able form a cursor is saved in: a cursor that holds a value nobody may read in the checkpoint table
+        (a date derived from a date of birth) is encrypted here. Default: the cursor itself."""
+        return cursor
+
+    def open_cursor(self, stored: Any) -> Cursor | None:
+        """A saved cursor back from `seal_cursor`'s form; None when it cannot be read (the range starts over, as for a
+        cursor `valid_cursor` refuses). Never raises. Default: the stored value itself."""
+        return stored
 
 
 class SqlReader(Reader):
@@ -194,8 +205,9 @@ class Sweep(ABC):
     changes are written. The runner owns paging, concurrency, transactions, fallback, breaker and checkpoints.
 
     What a sweep must say (4): `name`, `reader`, `compute`, `write_page`.
-    Optional, with defaults (4): `write_row`, and the hooks `pre_check`, `side_effects` and `write_failures`;
-    a hook left None costs nothing (the runner never calls it nor opens a transaction for it).
+    Optional, with defaults: `write_row`, `describe_error`, `call_timeout_s`, and the hooks `pre_check`,
+    `side_effects` and `write_failures`; a hook left None costs nothing (the runner never calls it nor opens a
+    transaction for it).
     A sweep instance is built for one run: its mode, run date and rules are fixed when it is built.
     """
 
@@ -219,6 +231,16 @@ class Sweep(ABC):
         """One row of the per-row fallback, inside its own short transaction. Default: a page of one."""
         return self.write_page(conn, (outcome,))
 
+    def describe_error(self, exc: BaseException) -> str:
+        """One line naming a failed read or write in logs, stop reasons and run history. The database's own text may
+        echo a value of the row (`invalid input syntax for type integer: "..."`): a sweep whose rows hold values
+        nobody may read shows less. Default: the error's type and first line (`errors.error_text`)."""
+        return error_text(exc)
+
+    call_timeout_s: float | None = None
+    """The longest one `compute` call may take (s): past it the row is counted `compute_timeout` (systemic) and the
+    run goes on without waiting for the call, whose result is never written. None: not bounded (the compute is the
+    product's own); `SweepSettings.call_timeout_s` overrides it for a run."""
     pre_check: RowHook | None = None
     side_effects: SideEffects | None = None
     write_failures: WriteFailures = DEFAULT_WRITE_FAILURES

@@ -1,4 +1,5 @@
-"""What a sweep's failure kinds may be, and the kinds the product itself counts a declared compute's defects under."""
+"""What a sweep's failure kinds may be, and the kinds the product itself counts a declared compute's defects under
+(one that broke, returned what it may not, or did not return)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,7 @@ for a text column, a str for an integer column, ...): systemic like compute_erro
 def is_kind(kind: object) -> bool:
     """Whether `kind` may be a key of `failed_by_type`."""
     return isinstance(kind, str) and KIND_RE.fullmatch(kind) is not None
+
+COMPUTE_TIMEOUT = "compute_timeout"
+"""A compute call that outlasted its bound (`Sweep.call_timeout_s`): the row is not written; systemic, like
+compute_error."""

@@ -1,5 +1,6 @@
 """A run's checkpoint of its range: where it resumes, the low watermark (saved at most every
-`checkpoint_every_s`, and exactly when the run stops), and the record that the range finished."""
+`checkpoint_every_s`, and exactly when the run stops, in the reader's stored form `seal_cursor`), and the record
+that the range finished."""
 
 from __future__ import annotations
 
@@ -48,8 +49,12 @@ class RangeCheckpoint:
             return None, False
         if checkpoint.finished:
             return None, True
-        cursor = checkpoint.cursor
+        if checkpoint.cursor is None:
+            return None, False
+        cursor = self.reader.open_cursor(checkpoint.cursor)  # the form `seal_cursor` saved (never shown)
         if cursor is None:
+            log.warning("sweep %s: the checkpoint of mode %s range %s cannot be read; starting the range over",
+                        self.name, self.ctx.mode, self.range_key)
             return None, False
         if not self.reader.valid_cursor(cursor, self.cursor_range):
             # Resuming after it would fail every read (not a key) or end the range with rows unread (past its
@@ -76,13 +81,14 @@ class RangeCheckpoint:
         if self.store is None:
             return True
         store = self.store
+        stored = self.reader.seal_cursor(cursor)  # e.g. encrypted when the cursor holds a derived date
 
         def save() -> None:
             store.save(
                 self.name,
                 self.ctx.mode,
                 self.range_key,
-                cursor=cursor,
+                cursor=stored,
                 fingerprint=self.ctx.fingerprint,
                 run_id=self.ctx.run_id,
                 run_date=self.ctx.run_date,

@@ -87,7 +87,7 @@ class PageCounts:
     """What one page did; only committed writes are counted as changed."""
 
     __slots__ = ("scanned", "changed", "unchanged", "failed", "failed_by_type", "decrypted", "triggers",
-                 "audit_events", "conflicts", "systemic", "unwritten", "extra", "deferred")
+                 "audit_events", "conflicts", "systemic", "systemic_by_type", "unwritten", "extra", "deferred")
 
     def __init__(self) -> None:
         self.scanned = 0
@@ -101,6 +101,8 @@ class PageCounts:
         self.conflicts = 0
         """Rows whose write was not applied because they no longer held what was read (left due)."""
         self.systemic = 0
+        self.systemic_by_type: dict[str, int] | None = None
+        """The systemic failures by kind (None: none): what the page's one warning line counts."""
         self.unwritten = 0
         """Rows whose write failed for their own reason (the row keeps its stored state)."""
         self.extra: dict[str, int] | None = None
@@ -122,6 +124,9 @@ class PageCounts:
         self.failed_by_type[kind] = self.failed_by_type.get(kind, 0) + count
         if systemic if systemic is not None else kind not in DATA_FAILURES:
             self.systemic += count
+            if self.systemic_by_type is None:
+                self.systemic_by_type = {}
+            self.systemic_by_type[kind] = self.systemic_by_type.get(kind, 0) + count
 
 
 @dataclass

@@ -37,9 +37,12 @@ class Retrier:
     """One run's retries: its backoff and stop event, the retry counter, and the first failure it gave up on."""
 
     def __init__(
-        self, name: str, settings: SweepSettings, counters: Counters, stop: threading.Event | None
+        self, name: str, settings: SweepSettings, counters: Counters, stop: threading.Event | None,
+        describe: Callable[[BaseException], str] = error_text,
     ) -> None:
         self.name = name
+        self.describe = describe
+        """How a failure is named in logs and in PageNotDone (the sweep's `describe_error`)."""
         self.settings = settings
         self.counters = counters
         self.stop = stop
@@ -66,12 +69,12 @@ class Retrier:
                 if attempt >= retries or self.stopping():
                     if self.gave_up is None:
                         self.gave_up = (exc, attempt + 1)
-                    raise PageNotDone(f"{what}: {error_text(exc)} (after {attempt + 1} attempt(s))") from exc
+                    raise PageNotDone(f"{what}: {self.describe(exc)} (after {attempt + 1} attempt(s))") from exc
                 self.counters.add_retry()
                 log.warning("sweep %s: %s failed (%s); retry %d/%d in %.1fs", self.name, what,
-                            error_text(exc), attempt + 1, retries, delay)
+                            self.describe(exc), attempt + 1, retries, delay)
                 if self.wait(delay):
-                    raise PageNotDone(f"{what}: {error_text(exc)} (stopping)") from exc
+                    raise PageNotDone(f"{what}: {self.describe(exc)} (stopping)") from exc
                 delay = min(delay * 2, MAX_RETRY_BACKOFF_S)
         raise AssertionError("unreachable")
 

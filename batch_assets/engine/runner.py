@@ -14,6 +14,11 @@ only the front page's cursor is checkpointed: everything at or before the
 checkpoint is finished (the low watermark). Re-running a page is a no-op, so
 resuming from the low watermark at worst repeats finished pages.
 
+A stop (SIGTERM, run termination, a lost lease) is seen within a fraction of a second even while the front page
+is stuck (a compute call that does not return): the run stops reading, gives the pages in flight `drain_timeout_s`,
+then gives up on the rest (no page it gave up on writes any more), records its low watermark and returns. Its
+threads are daemons, so a call that never returns does not keep the process alive either.
+
 The parts: the reader connection (`page_reader`), a page on a worker thread (`page_worker`), the circuit
 breaker (`breaker`), the range's checkpoint (`range_checkpoint`) and transient retries (`retry`); this module
 runs the loop that ties them together.
@@ -49,12 +54,16 @@ from batch_assets.engine.range_checkpoint import RangeCheckpoint
 from batch_assets.engine.result import FAILURE, SUCCESS, Counters, PageCounts, SweepResult
 from batch_assets.engine.retry import PageNotDone, Retrier
 from batch_assets.engine.settings import MIN_ADAPTIVE_PAGE, SweepSettings
-from batch_assets.errors import ConfigError, LeaseLost, error_text
+from batch_assets.errors import ConfigError, LeaseLost
+from batch_assets.shutdown import DaemonThreadPool
 
 log = logging.getLogger("batch_assets.sweep")
 
 FINISHED = "finished"
 """`resumed_from` of a range that had finished in the run's checkpoint generation (it reads nothing)."""
+STOP_WATCH_S = 0.25
+"""How often the main loop, waiting for a page, looks whether the run must stop."""
+DRAIN_TIMED_OUT = "drain timed out"
 
 ProgressCallback = Callable[[dict[str, Any]], None]
 
@@ -104,7 +113,7 @@ class _Run:
         self.range_key = cursor_range.key
         self.progress = progress
         self.counters = Counters()
-        self.retrying = Retrier(definition.name, settings, self.counters, stop)
+        self.retrying = Retrier(definition.name, settings, self.counters, stop, definition.describe_error)
         self.checkpoint = RangeCheckpoint(checkpoints, definition, ctx, cursor_range, self.counters,
                                           self.retrying, settings.checkpoint_every_s)
         self.pages = PinnedReader(engine, definition.reader, cursor_range, self.retrying)
@@ -127,7 +136,8 @@ class _Run:
         reason: str | None = None
         advance = True  # False once the breaker tripped: later pages must not move the low watermark
         prefetch = ThreadPoolExecutor(1, thread_name_prefix=f"{self.definition.name}-prefetch")
-        pool = ThreadPoolExecutor(self.settings.workers, thread_name_prefix=f"{self.definition.name}-worker")
+        # Daemon threads: a page whose compute never returns must not keep a stopped process alive.
+        pool = DaemonThreadPool(self.settings.workers, f"{self.definition.name}-worker")
         log.info(
             "sweep %s started: run_id=%s mode=%s run_date=%s range=%s resumed_from=%s",
             self.definition.name, self.ctx.run_id, self.ctx.mode, self.ctx.run_date, self.range_key,
@@ -143,7 +153,8 @@ class _Run:
                     try:
                         rows, limit = next_read.result()
                     except Exception as exc:  # retries are spent (or a defect): stop, resumable
-                        reason = f"page read failed: {error_text(exc)}"  # one line: never the parameters
+                        # One line, never the parameters, and as the sweep shows errors (never a value it read).
+                        reason = f"page read failed: {self.definition.describe_error(exc)}"
                         next_read = None
                         break
                     if not rows:
@@ -160,8 +171,8 @@ class _Run:
                 while window:
                     front_reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, deadline)
                     reason = reason or front_reason
-                    if front_reason == "drain timed out":
-                        reason = f"{reason}; drain timed out with {len(window) + 1} page(s) in flight"
+                    if front_reason == DRAIN_TIMED_OUT:
+                        reason = f"{reason}; drain timed out with {len(window)} page(s) in flight"
                         break
             except BaseException:
                 # A run termination (Dagster's DagsterExecutionInterruptedError, KeyboardInterrupt) lands
@@ -170,10 +181,14 @@ class _Run:
                 self._drain_after_interrupt(window, advance, last_cursor)
                 raise
         finally:
+            if reason is not None:
+                # Pages still in flight are given up on: none of them writes after the run returns.
+                self.worker.abandon()
             if next_read is not None:
                 next_read.cancel()
             prefetch.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=reason is None, cancel_futures=True)
+            self.worker.close()
             self.pages.close()
         if reason is None:
             reason = self._after_last_page()
@@ -202,7 +217,7 @@ class _Run:
         try:
             while window:
                 front_reason, advance, last_cursor = self._drain_front(window, advance, last_cursor, deadline)
-                if front_reason == "drain timed out":
+                if front_reason == DRAIN_TIMED_OUT:
                     break
         except BaseException:  # a second interrupt: stop draining, keep what is recorded
             log.warning("sweep %s: interrupted again while draining; %d page(s) left in flight",
@@ -230,13 +245,25 @@ class _Run:
         last_cursor: Cursor | None,
         deadline: float | None,
     ) -> tuple[str | None, bool, Cursor | None]:
-        """Wait for the front page only, merge it, move the low watermark to its cursor."""
+        """Wait for the front page only, merge it, move the low watermark to its cursor.
+
+        Without a deadline (the window is full) the wait ends early, leaving the page in the window, when the run must
+        stop (its stop reason is returned); with one (draining), at the deadline (DRAIN_TIMED_OUT)."""
         future, end = window[0]
         try:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            page, seconds = future.result(timeout=timeout)
+            if deadline is not None:
+                page, seconds = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            else:
+                while True:
+                    try:
+                        page, seconds = future.result(timeout=STOP_WATCH_S)
+                        break
+                    except FutureTimeout:
+                        stop = self._stop_reason()
+                        if stop is not None:
+                            return stop, advance, last_cursor
         except FutureTimeout:
-            return "drain timed out", advance, last_cursor
+            return DRAIN_TIMED_OUT, advance, last_cursor
         except LeaseLost:
             window.popleft()
             return "lease lost", False, last_cursor
@@ -245,7 +272,9 @@ class _Run:
             return f"page not done: {exc}", False, last_cursor
         except Exception as exc:  # a defect or an unreachable database: stop, keep the checkpoint resumable
             window.popleft()
-            log.error("sweep %s: page failed: %s", self.definition.name, type(exc).__name__, exc_info=True)
+            # The error as the sweep shows it; its traceback (whose last line may echo a value) at DEBUG only.
+            log.error("sweep %s: page failed: %s", self.definition.name, self.definition.describe_error(exc))
+            log.debug("sweep %s: page failed", self.definition.name, exc_info=True)
             return f"page failed: {type(exc).__name__}", False, last_cursor
         window.popleft()
         failed = self.breaker.hold_or_write_failures(page)

@@ -12,7 +12,7 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 
 from batch_assets.errors import ConfigError
-from batch_assets.settings_model import SettingsModel
+from batch_assets.settings_model import MAX_CALL_TIMEOUT_S, SettingsModel
 
 MAX_PAGE_SIZE = 1000
 """Upper bound of a page: an IN list / unnest array stays within the classic 1,000 limit."""
@@ -66,6 +66,11 @@ class SweepSettings(SettingsModel):
     lock_fail_open: bool = Field(default=False,
                                  description="Continue on the lease alone when the lock store is down.")
     drain_timeout_s: float = _seconds(30.0, 3600, "On a stop, wait at most this long for the pages in flight (s).")
+    call_timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_CALL_TIMEOUT_S,
+        description="The longest one compute call may take (s): past it the row counts as compute_timeout and the run "
+        "goes on without it. Default: the sweep's own bound (a declared sweep's call_timeout_s, 30 s unless it says "
+        "otherwise; none for the product's own sweeps).")
     adaptive_page_size: bool = Field(default=False, description="Shrink/grow pages on timeouts.")
     pool_size: int = Field(  # type: ignore[assignment]  # None: resolved from workers by _default_pool_size
         default=None, ge=1, le=MAX_POOL_SIZE,

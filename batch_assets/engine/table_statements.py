@@ -38,6 +38,8 @@ class SweepTarget:
     compute: Compute
     outbox: str = "outbox_events"
     """The outbox table its events go to (this repository's, or the library's own in a team's project)."""
+    call_timeout_s: float | None = None
+    """The longest one `compute` call may take (s); None: not bounded."""
     where_columns: tuple[str, ...] = ()
     """The table's columns `where` names (those with an equality): read with every page so the write fences them."""
 

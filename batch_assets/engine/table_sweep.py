@@ -26,7 +26,10 @@ elsewhere (a subquery on another table), and a column whose type has no equality
 row is written from the values its own columns held.
 
 Sensitive columns are compared in SQL only: they never appear in a log line, a cursor, a checkpoint or an
-event. Neither does any value of a row: logs name rows by key (or not at all when the key is sensitive).
+event. Neither does any value of a row: logs name rows by key (or not at all when the key is sensitive), an
+exception of `compute` (SystemExit and other BaseExceptions included) by its type only, and a failed read or write
+by its SQLSTATE condition and column only (`describe_error`), since PostgreSQL's text may echo the value.
+Each `compute` call is bounded (`call_timeout_s`): past it the row is `compute_timeout`, systemic.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from batch_assets.engine.failures import COMPUTE_ERROR, INVALID_FAILURE_KIND, IN
 from batch_assets.engine.ranges import CursorRange, key_json, key_value
 from batch_assets.engine.table import Column
 from batch_assets.engine.table_statements import SweepTarget, statements
-from batch_assets.errors import ConfigError, RowFailure
+from batch_assets.errors import ConfigError, RowFailure, condition_text
 
 log = logging.getLogger("batch_assets.sweep")
 
@@ -187,9 +190,14 @@ class DeclaredSweep(Sweep):
         else:
             self.reader = FullReader(target, sql)
         self._compute = target.compute
+        self.call_timeout_s = target.call_timeout_s
 
     def describe(self, row: Any) -> str:
         return self.reader.describe_key(row[0])
+
+    def describe_error(self, exc: BaseException) -> str:
+        """A failed read or write by its SQLSTATE condition and column only: PostgreSQL's text may echo a value."""
+        return condition_text(exc)
 
     # Computing -------------------------------------------------------------
 
@@ -202,8 +210,9 @@ class DeclaredSweep(Sweep):
             # short word may have been built from the row's values: counted under a name of the product's own.
             kind = failure.kind
             return RowOutcome(None, kind if is_kind(kind) else INVALID_FAILURE_KIND, 0, True)
-        except Exception as exc:  # noqa: BLE001 — the team's function: any defect is counted, systemic
-            log.warning("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
+        except BaseException as exc:  # noqa: BLE001 — the team's function (SystemExit too): a defect, systemic
+            # Its type only: its message is the team's text and may hold a value. The page's warning counts it.
+            log.debug("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
         # Exactly the writes: a dict of as many keys that has every one of them (the common case, checked by
         # picking them), else any mapping whose keys are the writes.
@@ -237,10 +246,15 @@ class DeclaredSweep(Sweep):
         return RowOutcome(None, INVALID_RESULT)
 
     def _not_the_writes(self, result: Any, row: Sequence[Any]) -> RowOutcome:
-        """A result that is not exactly the declared writes: compute_error, with the keys it had (names only)."""
-        got = sorted(map(str, result.keys())) if isinstance(result, Mapping) else type(result).__name__
-        log.warning("sweep %s: compute must return exactly %s, got %s for %s", self.name,
-                    sorted(self._write_set), got, self.describe(row))
+        """A result that is not exactly the declared writes: compute_error. Logged by the declared names it lacks and
+        how many others it had (a key of the team's result is the team's text: it may hold a value)."""
+        if isinstance(result, Mapping):
+            keys = set(result.keys())
+            got = f"missing {sorted(self._write_set - keys)}, {len(keys - self._write_set)} other key(s)"
+        else:
+            got = type(result).__name__
+        log.debug("sweep %s: compute must return exactly %s, got %s for %s", self.name,
+                  sorted(self._write_set), got, self.describe(row))
         return RowOutcome(None, COMPUTE_ERROR)
 
     # Writing ---------------------------------------------------------------

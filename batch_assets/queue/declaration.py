@@ -5,7 +5,8 @@ component, and the payments queue is one instance of it (`domains.payments.decla
 
     name, table, key, columns, handler, max_attempts, backoff: {base_s, max_s, jitter?}, rate_limit_per_s,
     concurrency, priority (optional: the column of a higher-first priority with aging; none = oldest due first),
-    max_in_flight (optional: calls in flight across all workers), claim_lease_s (optional)
+    max_in_flight (optional: calls in flight across all workers), claim_lease_s (optional), call_timeout_s
+    (optional: the bound of one handler call, 30 s)
 
 `handler` is `module:function`. A plain function is called once per row with the declared columns as
 keyword arguments plus `attempts` (returning = DONE, `PermanentFailure` = FAILED at once, any other
@@ -29,6 +30,7 @@ from batch_assets.queue.handler import Handler, KwargsHandler
 from batch_assets.queue.settings import MAX_CONCURRENCY, QueueSettings
 from batch_assets.queue.spec import NAME_RE, TOKEN_COLUMN, QueueSpec, check_identifier
 from batch_assets.queue.store import QueueStore
+from batch_assets.settings_model import DEFAULT_CALL_TIMEOUT_S, MAX_CALL_TIMEOUT_S
 
 FACTORY_MARK = "batch_assets_queue_handler_factory"
 
@@ -95,6 +97,9 @@ class QueueDeclaration(BaseModel):
     claim_lease_s: float | None = Field(default=None, ge=3, le=86_400,
                                         description="optional: claim lease, renewed every lease/3 while held (30)")
     priority: str | None = Field(default=None, description="optional smallint/integer column: higher first, aging")
+    call_timeout_s: float = Field(default=DEFAULT_CALL_TIMEOUT_S, gt=0, le=MAX_CALL_TIMEOUT_S,
+                                  description="the longest one handler call may take (s); past it the attempt is a "
+                                  "transient failure")
 
     @field_validator("name")
     @classmethod
@@ -154,6 +159,7 @@ class QueueDeclaration(BaseModel):
             "backoff_max_s": self.backoff.max_s, "concurrency": self.concurrency,
             "rate_limit_per_s": self.rate_limit_per_s, "max_in_flight": self.max_in_flight,
             "claim_lease_s": self.claim_lease_s, "backoff_jitter": self.backoff.jitter,
+            "call_timeout_s": self.call_timeout_s,
         }
         base.update({k: v for k, v in overrides.items() if v is not None})
         return QueueSettings(**{k: v for k, v in base.items() if v is not None})

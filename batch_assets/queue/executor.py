@@ -1,10 +1,12 @@
 """The executor: `concurrency` lanes (coroutines, not threads) take claimed rows in order and await the handler.
 
 So 256 calls can be in flight on one thread; a handler with only a synchronous `handle` runs on a
-thread pool of `concurrency` threads. Each lane refuses a row that cannot be called (`refusal`),
-asks the breaker, calls with a timeout, and settles the outcome into the completer (`settle`):
-DONE, FAILED, or NEW after the backoff. A row that is not called (stop, open breaker) is given back
-(NEW, attempt undone).
+thread pool of `concurrency` daemon threads. Each lane refuses a row that cannot be called (`refusal`),
+asks the breaker, calls with a timeout (`call_timeout_s`), and settles the outcome into the completer
+(`settle`): DONE, FAILED, or NEW after the backoff. A row that is not called (stop, open breaker) is given
+back (NEW, attempt undone). A call past its timeout, or still running when a stop's drain ends, is left to
+its thread (a Python thread cannot be killed): its result is read by no one, and the thread never keeps the
+process from exiting.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from batch_assets.queue.batch import AdaptiveBatch
 from batch_assets.queue.breaker import Breaker
@@ -23,6 +24,9 @@ from batch_assets.queue.handler import AsyncHandler, Handler, Outcome, OutcomeKi
 from batch_assets.queue.limits.gate import CallGate
 from batch_assets.queue.settings import QueueSettings
 from batch_assets.queue.signals import Signals
+from batch_assets.shutdown import DaemonThreadPool
+
+T = TypeVar("T")
 
 YIELD_EVERY = 64  # instant calls (all lanes together) between yields, so the claim loop overlaps them
 
@@ -61,6 +65,17 @@ class _Resumed:
                     return cast(Outcome, finished.value)
 
 
+async def call_in_pool(pool: DaemonThreadPool, function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` on `pool`, awaited; when the wait is cancelled (a timeout, a stop's drain that ended) the
+    call is left to its thread (`DaemonThreadPool.abandon`), which a new one replaces for the calls behind it."""
+    future = pool.submit(function, *args)
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        pool.abandon(future)
+        raise
+
+
 def _no_handle(claim: Claim) -> Outcome:
     # A handler with neither entry point: each call fails like any handler bug (retried, counted).
     raise AttributeError("the handler has neither handle_async nor handle")
@@ -87,7 +102,7 @@ class Executor:
         self.batches: deque[list[float]] = deque()  # [claimed_at, rows not yet taken] per claim, FIFO
         self.running = 0
         self.since_yield = 0
-        self.pool: ThreadPoolExecutor | None = None
+        self.pool: DaemonThreadPool | None = None
         # Chosen once per run: the awaited entry point, else the one run on `pool`.
         self.handle_async: Callable[[Claim], Coroutine[Any, Any, Outcome]] | None = None
         self.handle_sync: Callable[[Claim], Outcome] = _no_handle
@@ -96,9 +111,10 @@ class Executor:
         else:
             if isinstance(handler, SyncHandler):
                 self.handle_sync = handler.handle
-            self.pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="queue")
+            self.pool = DaemonThreadPool(settings.concurrency, "queue")
         self.lanes: list[asyncio.Task[None]] = []
-        self.timeout_s = settings.http_timeout_s + 1
+        # One second over the handler's own timeout unless the queue bounds its calls itself.
+        self.timeout_s = settings.call_timeout_s if settings.call_timeout_s is not None else settings.http_timeout_s + 1
 
     @property
     def held(self) -> int:
@@ -223,10 +239,13 @@ class Executor:
                 async with asyncio.timeout(timeout_s):
                     return await _Resumed(call, step)
             async with asyncio.timeout(timeout_s):
-                return await asyncio.get_running_loop().run_in_executor(self.pool, self.handle_sync, claim)
+                assert self.pool is not None
+                return await call_in_pool(self.pool, self.handle_sync, claim)
         except TimeoutError:
             return Outcome.retry("timeout", f"handler took longer than {timeout_s:g}s")
-        except Exception as exc:  # a handler bug must not strand the row until its lease lapses
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 — a handler bug (SystemExit too) must not strand the row or the worker
             return Outcome.retry("handler_error", f"handler raised {type(exc).__name__}")
 
     def settle(self, claim: Claim, outcome: Outcome) -> None:

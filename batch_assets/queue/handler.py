@@ -17,12 +17,12 @@ import asyncio
 import enum
 import inspect
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from batch_assets.errors import PermanentFailure, RetryAfter
 from batch_assets.queue.claims import Claim, clip
+from batch_assets.shutdown import DaemonThreadPool
 
 
 class OutcomeKind(enum.Enum):
@@ -95,8 +95,9 @@ def column_arguments(claim: Claim) -> dict[str, Any]:
 class KwargsHandler:
     """A function called with keyword arguments (`arguments(claim)`) as a handler.
 
-    An `async def` runs on the worker's event loop; a plain function runs on a thread pool of
-    `concurrency` threads.
+    An `async def` runs on the worker's event loop; a plain function runs on a pool of `concurrency` daemon
+    threads. The exception's message becomes the row's `last_error` (the handler's own text, shown by `dlq list`): a
+    handler must not put a value it may not show into it.
     """
 
     def __init__(
@@ -112,11 +113,12 @@ class KwargsHandler:
         self.is_async = inspect.iscoroutinefunction(function)
         self.concurrency = max(int(concurrency), 1)
         self.arguments = arguments
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonThreadPool | None = None
 
     async def open(self) -> None:
         if not self.is_async:
-            self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="queue-handler")
+            # Daemon threads: a call that never returns must not keep a stopped worker's process alive.
+            self._pool = DaemonThreadPool(self.concurrency, "queue-handler")
 
     async def aclose(self) -> None:
         pool, self._pool = self._pool, None
@@ -129,13 +131,20 @@ class KwargsHandler:
             if self.is_async:
                 await self.function(**kwargs)
             else:
-                call = lambda: self.function(**kwargs)  # noqa: E731
-                await asyncio.get_running_loop().run_in_executor(self._pool, call)
+                assert self._pool is not None, "open() first"
+                future = self._pool.submit(self.function, **kwargs)
+                try:
+                    await asyncio.wrap_future(future)
+                except asyncio.CancelledError:  # the call's timeout, or a stop's drain that ended: left to its thread
+                    self._pool.abandon(future)
+                    raise
         except PermanentFailure as exc:
             return Outcome.permanent("permanent_failure", describe(exc))
         except RetryAfter as exc:
             return Outcome.retry("retry_after", describe(exc), exc.seconds)
-        except Exception as exc:  # transient by contract; the text is the handler's own
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 — transient by contract (SystemExit too); the text is the handler's own
             return Outcome.retry(f"handler_{type(exc).__name__}", describe(exc))
         return Outcome.done()
 

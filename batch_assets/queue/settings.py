@@ -12,7 +12,7 @@ from batch_assets.errors import ConfigError
 from batch_assets.queue.limits.inflight import MAX_IN_FLIGHT
 from batch_assets.queue.limits.ratelimit import MAX_RATE_PER_S
 from batch_assets.queue.retry import RetryPolicy
-from batch_assets.settings_model import SettingsModel
+from batch_assets.settings_model import MAX_CALL_TIMEOUT_S, SettingsModel
 
 MAX_BATCH = 1000
 """Upper bound of the adaptive claim batch (and of rows per result statement)."""
@@ -56,6 +56,11 @@ class QueueSettings(SettingsModel):
     backoff_jitter: float = Field(default=0.1, ge=0, le=1,
                                   description="Each backoff is spread by ± this fraction (0 = none); see retry.py.")
     http_timeout_s: float = Field(default=10.0, gt=0, le=MAX_WAIT_S, description="Timeout of one handler call (s).")
+    call_timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_CALL_TIMEOUT_S,
+        description="The longest one handler call may take (s): past it the attempt is a transient failure "
+        "(`timeout`, retried after its backoff) and the call is left to its thread, its result never written. "
+        "Default: http_timeout_s + 1.")
     poll_interval_s: float = Field(default=MAX_POLL_S, gt=0, le=MAX_POLL_S,
                                    description="Idle look at the table without a notification (s).")
     flush_delay_s: float = Field(default=0.005, gt=0, le=1,
@@ -119,7 +124,12 @@ class QueueRunSettings(SettingsModel):
         default=None, ge=1, le=int(MAX_DB_OUTAGE_S),
         description="Whole seconds a lost database connection is retried (backoff) before the worker fails. "
         "Default 60.")
+    call_timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_CALL_TIMEOUT_S,
+        description="The longest one handler call may take (s); past it the attempt is a transient failure. "
+        "Default: the queue's declared value (30 s unless it says otherwise).")
 
     def worker_settings(self, declared: Callable[..., QueueSettings]) -> QueueSettings:
         """The worker's settings: `declared(**this run's knobs)` (a declaration's `settings`, None = its value)."""
-        return declared(concurrency=self.concurrency, batch_size=self.batch_size, db_outage_s=self.db_outage_s)
+        return declared(concurrency=self.concurrency, batch_size=self.batch_size, db_outage_s=self.db_outage_s,
+                        call_timeout_s=self.call_timeout_s)

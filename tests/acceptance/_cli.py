@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -135,6 +136,25 @@ class CliProcess:
         self.kill_group()
         self._out.close()
         self._err.close()
+
+
+def dagster_event_text(home: Path) -> tuple[int, str]:
+    """Every event of every run on the CLI's Dagster instance (and its run configs), as text."""
+    import dagster as dg
+    from dagster._serdes import serialize_value
+
+    texts = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with dg.DagsterInstance.from_config(str(home / "dagster_home")) as instance:
+            runs = instance.get_runs()
+            for run in runs:
+                texts.append(repr(run.run_config))
+                texts.append(repr(run.tags))
+                for record in instance.all_logs(run.run_id):
+                    texts.append(serialize_value(record))
+                    texts.append(record.message or "")
+    return len(runs), "\n".join(texts)
 
 
 # --- the database ----------------------------------------------------------------------------------

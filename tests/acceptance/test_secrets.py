@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 from _cli import (
     classify,
+    dagster_event_text,
     rows,
     run_cli,
     summary_run_date,
@@ -34,25 +34,6 @@ def url_with_password(db_url: str, password: str) -> str | None:
     finally:
         engine.dispose()
     return url
-
-
-def dagster_event_text(home: Path) -> tuple[int, str]:
-    """Every event of every run on the CLI's Dagster instance (and its run configs), as text."""
-    import dagster as dg
-    from dagster._serdes import serialize_value
-
-    texts = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with dg.DagsterInstance.from_config(str(home / "dagster_home")) as instance:
-            runs = instance.get_runs()
-            for run in runs:
-                texts.append(repr(run.run_config))
-                texts.append(repr(run.tags))
-                for record in instance.all_logs(run.run_id):
-                    texts.append(serialize_value(record))
-                    texts.append(record.message or "")
-    return len(runs), "\n".join(texts)
 
 
 def test_no_secret_in_stdout_stderr_or_the_dagster_event_log(cli_env, db_url, engine, cipher, key_text):

@@ -40,8 +40,12 @@ def _hostile_rows(cipher: DobCipher) -> dict[uuid.UUID, tuple[str, bytes | None]
     kinds: list[tuple[str, object]] = [
         ("missing_data", lambda cid: None),
         ("missing_data", lambda cid: b""),
-        ("invalid_value", lambda cid: os.urandom(2 * 1024 * 1024)),  # 2 MB: never read, only its length
-        ("invalid_value", lambda cid: b"\x01" * (MAX_VALUE_BYTES + 1)),
+        # Too long to read into a page: authenticated a part at a time. 2 MB that do not decrypt (random, or a date's
+        # ciphertext with 2 MB appended) are decrypt_failure; a 2 MB plaintext that decrypts is invalid_value.
+        ("decrypt_failure", lambda cid: os.urandom(2 * 1024 * 1024)),
+        ("decrypt_failure", lambda cid: cipher.encrypt_text(cid, "1990-01-01") + b" " * 2_000_000),
+        ("invalid_value", lambda cid: cipher.encrypt(cid, b"1990-01-01" + b" " * 2_000_000)),
+        ("decrypt_failure", lambda cid: b"\x01" * (MAX_VALUE_BYTES + 1)),
         ("decrypt_failure", lambda cid: os.urandom(20)),  # too short
         ("decrypt_failure", lambda cid: os.urandom(38)),  # garbage of the right length
         ("decrypt_failure", lambda cid: cipher.encrypt_text(uuid.uuid4(), "1990-01-01")),  # another row's
@@ -85,7 +89,7 @@ class Recording(CustomerStatusSweep):
     largest = 0
 
     def compute(self, row):  # type: ignore[no-untyped-def]
-        if row[1] is not None:
+        if isinstance(row[1], bytes):
             Recording.largest = max(Recording.largest, len(row[1]))
         return super().compute(row)
 
@@ -106,7 +110,7 @@ def _expected_counts(rows: dict[uuid.UUID, tuple[str, bytes | None]]) -> dict[st
 
 def test_every_hostile_row_is_counted_by_kind_and_left_due(engine: sa.Engine, cipher: DobCipher) -> None:
     """Each hostile value is counted under its kind, keeps its category, loses its future date (due) and records
-    its kind; nothing is decrypted from a value over max_value_bytes; a status 'active' row is not swept; a delta
+    its kind; no page holds a value over max_value_bytes; a status 'active' row is not swept; a delta
     counts them again, as known rows."""
     hostile = _hostile_rows(cipher)
     good = [customer(cipher, "1990-07-01") for _ in range(60)]
@@ -181,11 +185,11 @@ def test_hostile_values_written_during_a_run_end_due_and_named(engine: sa.Engine
     full = _sweep(engine, cipher, "full", SweepSettings(workers=1, window=1, page_size=10), definition)
     assert full.status == "SUCCESS", full.stopped_reason
     assert full.conflicts == len(first_page)
-    assert full.failed_by_type == {"missing_data": 2, "invalid_value": 1, "decrypt_failure": 1, "write_error": 0}
+    assert full.failed_by_type == {"missing_data": 2, "invalid_value": 0, "decrypt_failure": 2, "write_error": 0}
     stored = _stored(engine)
     for cid in first_page:
         assert stored[cid] == ("YOUNG_ADULT", None, None)  # the edit cleared the date; not written over
-    for cid, kind in zip(later_page, ("missing_data", "missing_data", "decrypt_failure", "invalid_value"),
+    for cid, kind in zip(later_page, ("missing_data", "missing_data", "decrypt_failure", "decrypt_failure"),
                          strict=True):
         assert stored[cid] == ("YOUNG_ADULT", None, kind)
     untouched = [r[0] for r in rows if r[0] not in first_page and r[0] not in later_page]

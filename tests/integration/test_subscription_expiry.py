@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import date
@@ -164,6 +165,25 @@ def test_failure_is_atomic_and_isolated(engine: sa.Engine) -> None:
     assert (result.scanned, result.expired, result.failed) == (6, 5, 1)
     assert result.failed_by_type == {"raise_exception": 1}
     assert result.to_summary("r")["failed_by_type"] == {"raise_exception": 1}
+
+
+def test_500_failed_expiries_log_one_warning_per_batch(engine: sa.Engine, caplog: pytest.LogCaptureFixture) -> None:
+    """Each failed subscription is logged at DEBUG only; each batch logs one WARNING counting its failures by kind."""
+    ids = list(range(1, 501))
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO subscriptions (id, expiry_date, status) "
+                             "SELECT g, DATE '2024-06-01', 'ACTIVE' FROM generate_series(1, 500) AS g"))
+        conn.execute(sa.text("INSERT INTO enrollments (subscription_id, course_id) SELECT g, 1 "
+                             "FROM generate_series(1, 500) AS g"))
+    _install_failure(engine, *ids)
+    caplog.set_level(logging.DEBUG, logger="batch_assets")
+    result = run_expiry(engine, run_date=RUN_DATE, settings=_settings(batch_size=250))
+    assert (result.scanned, result.failed) == (500, 500)
+    per_row = [r for r in caplog.records if "expiry failed" in r.getMessage()]
+    assert len(per_row) == 500 and {r.levelno for r in per_row} == {logging.DEBUG}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    counted = [w for w in warnings if "failed systemically (raise_exception 250)" in w]
+    assert len(counted) == 2 and len(warnings) <= 4, warnings  # per batch: the count, and its page write's fallback
 
 
 def test_failed_rows_are_not_selected_by_the_nightly_run(engine: sa.Engine) -> None:

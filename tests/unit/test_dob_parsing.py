@@ -12,7 +12,7 @@ import pytest
 from batch_assets.errors import ConfigError, DecryptError
 from batch_assets.reference.customer_status.crypto import DobCipher
 from batch_assets.reference.customer_status.rules import DEFAULT_RULES, parse_dob
-from batch_assets.reference.customer_status.sweep import MAX_VALUE_BYTES, CustomerStatusSweep
+from batch_assets.reference.customer_status.sweep import AUTHENTIC_LONG, MAX_VALUE_BYTES, CustomerStatusSweep
 
 pytestmark = pytest.mark.unit
 
@@ -110,12 +110,27 @@ def test_empty_ciphertext_is_missing_data_without_a_decrypt(cipher: DobCipher) -
     assert outcome.decrypted == 0
 
 
-def test_value_longer_than_the_bound_is_invalid_value_without_a_decrypt(cipher: DobCipher) -> None:
-    """A value the read did not return (longer than max_value_bytes: NULL and its length) is invalid_value."""
+def test_value_longer_than_the_bound_is_judged_by_whether_it_authenticates(cipher: DobCipher) -> None:
+    """A value the page did not return (longer than max_value_bytes) is decrypt_failure when the reader found it does
+    not authenticate (NULL and its length), invalid_value when it does (its plaintext is no date); both left due."""
     outcome = _sweep(cipher).compute(_row(uuid.uuid4(), None, size=2_000_000))
-    _assert_failed_and_due(outcome, "invalid_value")
-    assert outcome.decrypted == 0
+    _assert_failed_and_due(outcome, "decrypt_failure")
+    assert outcome.decrypted == 1
+    authentic = _sweep(cipher).compute(_row(uuid.uuid4(), AUTHENTIC_LONG, size=2_000_000))
+    _assert_failed_and_due(authentic, "invalid_value")
+    assert authentic.change[1] is None, "what the page write compares: the value's length only"
     assert MAX_VALUE_BYTES == 1024
+
+
+def test_a_long_ciphertext_is_authenticated_part_by_part(cipher: DobCipher) -> None:
+    """`authenticates` over a ciphertext in parts: True for this row's, False for another row's or altered bytes."""
+    cid = uuid.uuid4()
+    blob = cipher.encrypt(cid, b"1990-01-01" + b" " * 5000)
+    nonce, body, tag = blob[:12], blob[12:-16], blob[-16:]
+    parts = [body[i:i + 1000] for i in range(0, len(body), 1000)]
+    assert cipher.authenticates(cid, nonce, tag, iter(parts))
+    assert not cipher.authenticates(uuid.uuid4(), nonce, tag, iter(parts))
+    assert not cipher.authenticates(cid, nonce, tag, iter([*parts[:-1], parts[-1][:-1] + b"x"]))
 
 
 @pytest.mark.parametrize("kind", ["copied", "random", "short"])

@@ -2,7 +2,7 @@
 
     type: batch_assets.SweepComponent
     attributes: {name, table, key, columns, where?, due?, compute, writes, sensitive?, event?, schedules?,
-                 database_url?, asset_key?, source_asset_key?}
+                 database_url?, asset_key?, source_asset_key?, call_timeout_s?}
 
 The attributes are checked in two steps, each failure a ConfigError naming the attribute (exit 2):
 
@@ -26,8 +26,6 @@ schedules, checks and, in a team's project, the resources its jobs need.
 import hashlib
 import json
 import re
-from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,12 +34,11 @@ import sqlalchemy as sa
 from pydantic import Field, PrivateAttr, field_validator
 
 from batch_assets.db.catalog import key_problem
-from batch_assets.engine.ranges import plan_ranges
-from batch_assets.engine.table import KEY_TYPES, Column, Table, read_table, split_name
+from batch_assets.engine.table import KEY_TYPES, read_table, split_name
 from batch_assets.engine.table_statements import Compute, SweepTarget
 from batch_assets.engine.table_sweep import DeclaredSweep
 from batch_assets.engine.where import parse_where
-from batch_assets.errors import ConfigError, error_text
+from batch_assets.errors import ConfigError
 from batch_assets.orchestration.components.common import (
     DATABASE_URL_RESOLVER,
     DatabaseUrl,
@@ -59,10 +56,17 @@ from batch_assets.orchestration.components.common import (
 )
 from batch_assets.orchestration.components.loader import as_written
 from batch_assets.orchestration.components.scaffold import SweepScaffolder
+from batch_assets.orchestration.components.sweep_queries import (
+    check_where,
+    overdue_counter,
+    range_planner,
+    where_columns,
+)
 from batch_assets.orchestration.defaults import REPOSITORY, TEAM, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.sweep_job.definition import DeltaFullSettings, FullSettings
 from batch_assets.plugins import load_function
+from batch_assets.settings_model import DEFAULT_CALL_TIMEOUT_S, MAX_CALL_TIMEOUT_S
 
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,40}")
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
@@ -122,6 +126,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     database_url: Annotated[DatabaseUrl | None, DATABASE_URL_RESOLVER] = None
     asset_key: str | None = None
     source_asset_key: str | None = None
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
 
     _folder: Path | None = PrivateAttr(default=None)
     _built: dict[LocationDefaults, list[JobSpec]] = PrivateAttr(default_factory=dict)
@@ -196,6 +201,13 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
             raise ValueError(f"must match [a-z][a-z0-9_.]{{0,60}}, got {value!r}")
         return value
 
+    @field_validator("call_timeout_s")
+    @classmethod
+    def _call_timeout(cls, value: float) -> float:
+        if not 0 < value <= MAX_CALL_TIMEOUT_S:
+            raise ValueError(f"must be > 0 and <= {MAX_CALL_TIMEOUT_S:g} (seconds), got {value!r}")
+        return value
+
     @field_validator("asset_key", "source_asset_key")
     @classmethod
     def _asset_key(cls, value: str | None) -> str | None:
@@ -246,15 +258,15 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
                     raise ConfigError(f"{self.table} has no column {self.due!r}", field="due")
                 if due.base_type != "date":
                     raise ConfigError(f"must be a date column, {self.due} is {due.sql_type}", field="due")
-            where_columns: tuple[str, ...] = ()
+            fenced: tuple[str, ...] = ()
             if self.where is not None:
-                _check_where(conn, table, self.where)
+                check_where(conn, table, self.where)
                 read = {self.key, *self.columns, *((self.due,) if self.due else ())}
-                where_columns = _where_columns(conn, table, self.where, read)
+                fenced = where_columns(conn, table, self.where, read)
         return SweepTarget(
             name=self.name, table=table, key=key, kind=kind, columns=tuple(self.columns), due=due,
             writes=tuple(self.writes), sensitive=frozenset(self.sensitive), where=self.where, event=self.event,
-            compute=compute, outbox=outbox, where_columns=where_columns,
+            compute=compute, outbox=outbox, where_columns=fenced, call_timeout_s=self.call_timeout_s,
         )
 
     def check_database(self, engine: sa.Engine) -> None:
@@ -263,7 +275,8 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
 
     def fingerprint(self) -> str:
         """What a checkpoint of this sweep must match: the declaration (a changed one starts over)."""
-        dump = self.model_dump(mode="json", exclude={"database_url"})
+        # call_timeout_s bounds how long a row may take, not what it becomes: a changed one keeps the checkpoints.
+        dump = self.model_dump(mode="json", exclude={"database_url", "call_timeout_s"})
         # Attributes added since the first release count only when set, so an unchanged declaration keeps its
         # fingerprint (and an interrupted run of it resumes) across the upgrade.
         for added in ("asset_key", "source_asset_key"):
@@ -295,9 +308,9 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
             target = self.target(ctx.engine, defaults.outbox_table)
             return Prepared(
                 definition=lambda mode, run_date: DeclaredSweep(target, mode, run_date),
-                plan_ranges=_range_planner(target, self.where),
+                plan_ranges=range_planner(target, self.where),
                 fingerprint=self.fingerprint(),
-                overdue=_overdue_counter(target) if target.due is not None else None,
+                overdue=overdue_counter(target) if target.due is not None else None,
             )
 
         schedules = self.schedules
@@ -338,57 +351,3 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
             check_when_reachable(self, declared_url(self.database_url, defaults), folder)
         timezone, status = location_status()
         return definitions_of(specs, resources=resources, timezone=timezone, status=status)
-
-
-def _check_where(conn: sa.Connection, table: Table, where: str) -> None:
-    try:
-        with conn.begin_nested():
-            conn.execute(sa.text(f"EXPLAIN SELECT 1 FROM {table.relation} WHERE (\n{where}\n)"))  # noqa: S608
-    except sa.exc.DBAPIError as exc:
-        raise ConfigError(f"not a valid condition on {table.name}: {error_text(exc)}", field="where") from None
-
-
-def _where_columns(conn: sa.Connection, table: Table, where: str, read: set[str]) -> tuple[str, ...]:
-    """The table's columns `where` names that are not read anyway, in the table's order: read with every page so the
-    write fences them. A column whose type has no equality (point, xml, ...) cannot be fenced and is left out."""
-    named = parse_where(where).columns
-    fenced = []
-    for name in table.columns:
-        if name not in named or name in read:
-            continue
-        column = table.columns[name]
-        if not column.is_json and not _comparable(conn, table, column):
-            continue
-        fenced.append(name)
-    return tuple(fenced)
-
-
-def _comparable(conn: sa.Connection, table: Table, column: Column) -> bool:
-    """Whether the page write can compare the column's stored value with the value read (`IS NOT DISTINCT FROM`)."""
-    try:
-        with conn.begin_nested():
-            conn.execute(sa.text(f"EXPLAIN SELECT 1 FROM {table.relation} "  # noqa: S608 — a catalog column, quoted
-                                 f"WHERE {column.ident} IS NOT DISTINCT FROM {column.ident}"))
-    except sa.exc.DBAPIError:
-        return False
-    return True
-
-
-def _range_planner(target: SweepTarget, where: str | None) -> Callable[[sa.Connection, int], list[Any]]:
-    def planner(conn: sa.Connection, count: int) -> list[Any]:
-        return plan_ranges(conn, table=target.table.name, schema=target.table.schema, key=target.key.name,
-                           kind=target.kind, count=count, where=where)
-
-    return planner
-
-
-def _overdue_counter(target: SweepTarget) -> Callable[[sa.Connection, date], int]:
-    assert target.due is not None
-    relation = target.table.relation
-    where = f"(\n{target.where}\n) AND " if target.where else ""
-    sql = sa.text(f"SELECT count(*) FROM {relation} WHERE {where}{target.due.ident} <= :run_date")  # noqa: S608
-
-    def overdue(conn: sa.Connection, run_date: date) -> int:
-        return int(conn.execute(sql, {"run_date": run_date}).scalar_one())
-
-    return overdue

@@ -237,7 +237,8 @@ def log_termination(context: dg.OpExecutionContext, task: RangeTask, names: Swee
         return
     counters = saved.counters or {}
     done = ", ".join(f"{k} {int(counters.get(k) or 0):,}" for k in ("scanned", "changed", "failed", "pages"))
-    shown = json.dumps(definition.reader.display_cursor(saved.cursor))
+    reader = definition.reader
+    shown = json.dumps(reader.display_cursor(None if saved.cursor is None else reader.open_cursor(saved.cursor)))
     context.log.warning(
         f"{task.label} terminated: the pages in flight were drained and written ({done}); checkpoint "
         f"{'finished' if saved.finished else 'at ' + shown}; "

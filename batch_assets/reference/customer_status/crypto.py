@@ -13,10 +13,12 @@ import binascii
 import os
 import sys
 import uuid
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from batch_assets import ENCRYPTION_KEY_VAR, ConfigError, DecryptError, Settings
@@ -73,12 +75,13 @@ def _dev_key_text(home: Path) -> str:
 class DobCipher:
     """Encrypts and decrypts dates of birth bound to their customer id."""
 
-    __slots__ = ("_aead",)
+    __slots__ = ("_aead", "_key")
 
     def __init__(self, key: bytes) -> None:
         if len(key) != KEY_BYTES:
             raise ConfigError(f"must be {KEY_BYTES} bytes", field=ENCRYPTION_KEY_VAR)
         self._aead = AESGCM(key)
+        self._key = key
 
     def __repr__(self) -> str:  # never show the key
         return "DobCipher(<key hidden>)"
@@ -102,6 +105,37 @@ class DobCipher:
             return self._aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], customer_id.bytes)
         except InvalidTag:
             raise DecryptError("authentication failed (wrong key, wrong row or corrupt bytes)") from None
+
+    def authenticates(self, customer_id: uuid.UUID, nonce: bytes, tag: bytes, body: Iterable[bytes]) -> bool:
+        """Whether a ciphertext too long to hold at once (its nonce, its body in parts, in order, and its tag)
+        authenticates under the key and this row's id. The plaintext is never kept: each part's is dropped."""
+        if len(nonce) != NONCE_BYTES or len(tag) != TAG_BYTES:
+            return False
+        decryptor = Cipher(algorithms.AES(self._key), modes.GCM(nonce, tag)).decryptor()
+        decryptor.authenticate_additional_data(customer_id.bytes)
+        for part in body:
+            decryptor.update(part)
+        try:
+            decryptor.finalize()
+        except InvalidTag:
+            return False
+        return True
+
+    def seal(self, plain: bytes, associated: bytes) -> bytes:
+        """nonce ‖ AES-256-GCM(plain) under the same key, bound to `associated` instead of a customer id (what the
+        sweep keeps beside the rows that no one may read, e.g. a checkpoint's cursor). A fixed associated text
+        longer than an id keeps the two apart: a sealed value never decrypts as a date of birth, nor the reverse."""
+        nonce = os.urandom(NONCE_BYTES)
+        return nonce + self._aead.encrypt(nonce, plain, associated)
+
+    def unseal(self, blob: bytes, associated: bytes) -> bytes:
+        """What `seal` sealed with `associated`; raises `DecryptError` (without any secret in it) otherwise."""
+        if len(blob) < NONCE_BYTES + TAG_BYTES:
+            raise DecryptError("sealed value too short")
+        try:
+            return self._aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], associated)
+        except InvalidTag:
+            raise DecryptError("authentication failed (wrong key or altered value)") from None
 
     def decrypt_text(self, customer_id: uuid.UUID, blob: bytes) -> str:
         """The plaintext as text; raises `DecryptError` only when it does not decrypt (see `decrypt`).

@@ -60,6 +60,16 @@ SELECT {_COLUMNS}
  LIMIT :limit
 """)  # noqa: S608
 
+# OVERSIZED_PART — a part of an encrypted_dob too long for a page's read, while it still has the length read (no
+# row when it was edited since: the reader then does not judge it). Read a part at a time, so a value of any length
+# is authenticated in bounded memory.
+# Parameters: id uuid, size int (octet_length read), start int (1-based), length int.
+OVERSIZED_PART = sa.text("""
+SELECT substring(encrypted_dob FROM :start FOR :length)
+  FROM customers
+ WHERE id = :id AND octet_length(encrypted_dob) = :size
+""")
+
 # WRITE_PAGE — one statement for the whole page: the category and its next_review_date stamp for
 # every changed row (UPDATE ... FROM unnest), its review trigger (a transition) and one
 # age_category_changed outbox event per row whose category changed, both built in SQL from the rows

@@ -9,12 +9,17 @@ run date are fixed per instance (per run), and evaluations are memoised per plai
 Every row another service may write gets a counted, named outcome and a row that cannot be evaluated
 is always left due (CONTRACT §5): no ciphertext or an empty one is missing_data; one that does not
 authenticate under the key and the row's id (too short, corrupt, another row's, another key) is
-decrypt_failure; one that decrypts to anything but `YYYY-MM-DD` in ASCII digits, a date that does not
-exist or lies after the run date, or a value longer than max_value_bytes is invalid_value.
+decrypt_failure; one that decrypts to anything but `YYYY-MM-DD` in ASCII digits, or to a date that does not exist
+or lies after the run date, is invalid_value. A value longer than max_value_bytes is never read into a page: the
+reader authenticates it a part at a time (OVERSIZED_PART), so it is decrypt_failure or invalid_value like any other
+whatever its length, and a page's memory stays bounded.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import operator
 import re
 import uuid
 from collections.abc import Sequence
@@ -36,7 +41,7 @@ from batch_assets import (
     WriteCounts,
 )
 from batch_assets.reference.customer_status import sql
-from batch_assets.reference.customer_status.crypto import DobCipher
+from batch_assets.reference.customer_status.crypto import NONCE_BYTES, TAG_BYTES, DobCipher
 from batch_assets.reference.customer_status.rules import Rules, evaluate, needs_evaluation, parse_dob
 
 SWEEP_NAME = "customer_status"
@@ -48,23 +53,84 @@ MAX_MEMO = 100_000
 """Bound of the per-run evaluation memo (distinct dates of birth); cleared when exceeded."""
 MAX_VALUE_BYTES = 1024
 """Default bound of an encrypted_dob the reads return (a valid one is 12 + 10 + 16 = 38 bytes); a longer
-value is never read, only its length, and is counted invalid_value. A page holds at most
+value is not read into the page, only its length, and is authenticated a part at a time. A page holds at most
 page_size × max_value_bytes of ciphertext."""
+OVERSIZED_PART_BYTES = 1_048_576
+"""How much of a value too long to read is held at once while it is authenticated."""
 VALID_CIPHERTEXT_BYTES = 38
+SEALED_PREFIX = "v1."
+"""A delta checkpoint's cursor as stored: `v1.` + base64url of the sealed JSON (see DeltaReader)."""
+CURSOR_ASSOCIATED_DATA = b"batch_assets/customer_status/delta_cursor/v1"
+"""The associated data of a sealed delta cursor: fixed, and longer than an id, so it never opens as a date of birth."""
 
 _INVALID = ("", None, None)
 _ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
-class DeltaReader(SqlReader):
-    """delta: ACTIVE rows due on the run date (next_review_date <= run date or NULL), in (date, id) order."""
+class AuthenticLong:
+    """In place of an encrypted_dob too long to read (a page's memory stays bounded) that authenticates under the key
+    and its row's id: its plaintext, of that length, is not a date (invalid_value). One too long that does not
+    authenticate stays None with its length (decrypt_failure)."""
+
+    __slots__ = ()
+
+
+AUTHENTIC_LONG = AuthenticLong()
+_BLOB = operator.itemgetter(1)
+
+
+class _CustomerReader(SqlReader):
+    """What both readers share: the page as read, then each value too long to read judged part by part."""
+
+    def __init__(self, max_value_bytes: int, cipher: DobCipher) -> None:
+        self.max_value_bytes = max_value_bytes
+        self.cipher = cipher
+
+    def read_page(self, conn: sa.Connection, cursor: Any, limit: int, cursor_range: CursorRange) -> list:
+        rows = super().read_page(conn, cursor, limit, cursor_range)
+        if None in map(_BLOB, rows):  # in C; only a page with a NULL or a value too long to read looks further
+            for index, row in enumerate(rows):
+                if row[1] is None and row[5] is not None and self._authenticates(conn, row):
+                    rows[index] = (row[0], AUTHENTIC_LONG, *row[2:])
+        return rows
+
+    def _authenticates(self, conn: sa.Connection, row: Any) -> bool:
+        """Whether a value too long to read authenticates, read OVERSIZED_PART_BYTES at a time (False when it changed
+        since the page's read: the write's comparison of its length then finds the change)."""
+        customer_id, size = row[0], int(row[5])
+
+        def part(start: int, length: int) -> bytes:
+            value = conn.execute(sql.OVERSIZED_PART, {"id": customer_id, "size": size, "start": start,
+                                                      "length": length}).scalar()
+            if value is None:
+                raise _Changed
+            return bytes(value)
+
+        body_end = size - TAG_BYTES  # the body is bytes NONCE_BYTES + 1 .. body_end (1-based)
+        body = (part(start, min(OVERSIZED_PART_BYTES, body_end - start + 1))
+                for start in range(NONCE_BYTES + 1, body_end + 1, OVERSIZED_PART_BYTES))
+        try:
+            return self.cipher.authenticates(customer_id, part(1, NONCE_BYTES), part(body_end + 1, TAG_BYTES), body)
+        except _Changed:
+            return False
+
+
+class _Changed(Exception):
+    """A value too long to read was edited while it was being authenticated."""
+
+
+class DeltaReader(_CustomerReader):
+    """delta: ACTIVE rows due on the run date (next_review_date <= run date or NULL), in (date, id) order.
+
+    Its cursor's date is a stored next_review_date, derived from a date of birth: the checkpoint keeps the cursor
+    sealed (AES-256-GCM under the sweep's key, `CURSOR_ASSOCIATED_DATA`), so no date can be read from it."""
 
     # A delta row whose write failed keeps its stored (due) date, so tomorrow's delta retries it.
     failed_writes_stay_due = True
 
-    def __init__(self, run_date: date, max_value_bytes: int) -> None:
+    def __init__(self, run_date: date, max_value_bytes: int, cipher: DobCipher) -> None:
+        super().__init__(max_value_bytes, cipher)
         self.run_date = run_date
-        self.max_value_bytes = max_value_bytes
 
     def first_page_sql(self) -> sa.TextClause:
         return sql.DELTA_FIRST_PAGE
@@ -103,15 +169,31 @@ class DeltaReader(SqlReader):
             return None
         return {"after_id": str(cursor[-1]) if isinstance(cursor, list) and cursor else None}
 
+    def seal_cursor(self, cursor: Any) -> Any:
+        """`v1.` + base64url(nonce ‖ AES-256-GCM(the cursor's JSON)): what the checkpoint table keeps."""
+        sealed = self.cipher.seal(json.dumps(cursor, separators=(",", ":")).encode(), CURSOR_ASSOCIATED_DATA)
+        return SEALED_PREFIX + base64.urlsafe_b64encode(sealed).decode("ascii").rstrip("=")
 
-class FullReader(SqlReader):
+    def open_cursor(self, stored: Any) -> Any:
+        """The sealed cursor, or a cursor in clear as the previous release saved it (resumed once: the next save seals
+        it); None when it cannot be read (another key, altered): the range starts over."""
+        if isinstance(stored, list):
+            return stored
+        if not isinstance(stored, str) or not stored.startswith(SEALED_PREFIX):
+            return None
+        text = stored[len(SEALED_PREFIX):]
+        try:
+            sealed = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            return json.loads(self.cipher.unseal(sealed, CURSOR_ASSOCIATED_DATA))
+        except (DecryptError, ValueError):  # binascii.Error and JSONDecodeError are ValueErrors
+            return None
+
+
+class FullReader(_CustomerReader):
     """full / config-change: every ACTIVE row of a UUID cursor range, in id order (an id is shown as it is)."""
 
     ranged = True
     # failed_writes_stay_due stays False: a full row may hold a date that is not due, so the run must not pass it.
-
-    def __init__(self, max_value_bytes: int) -> None:
-        self.max_value_bytes = max_value_bytes
 
     def first_page_sql(self) -> sa.TextClause:
         return sql.FULL_FIRST_PAGE
@@ -159,7 +241,8 @@ class CustomerStatusSweep(Sweep):
         self.run_date = run_date
         self.rules = rules
         self.previous_rules = previous_rules
-        self.reader = DeltaReader(run_date, max_value_bytes) if mode == "delta" else FullReader(max_value_bytes)
+        self.reader = (DeltaReader(run_date, max_value_bytes, cipher) if mode == "delta"
+                       else FullReader(max_value_bytes, cipher))
         # config-change skips the decrypt of rows the rule change cannot affect.
         if mode == "config-change" and previous_rules is not None:
             self.pre_check = self._affected
@@ -178,8 +261,11 @@ class CustomerStatusSweep(Sweep):
     def compute(self, row: Any) -> RowOutcome:
         customer_id, blob, category, next_review, stored_failure, _size = row
         if blob is None:
-            # No ciphertext (size NULL), or one longer than max_value_bytes that was not read (size set).
-            return self._failed(MISSING_DATA if _size is None else INVALID_VALUE, row, 0)
+            # No ciphertext (size NULL), or one too long to read that does not authenticate (size set; the reader
+            # judged it part by part).
+            return self._failed(MISSING_DATA, row, 0) if _size is None else self._failed(DECRYPT_FAILURE, row, 1)
+        if blob is AUTHENTIC_LONG:  # it decrypts, to a plaintext far longer than a date
+            return self._failed(INVALID_VALUE, (customer_id, None, *row[2:]), 1)
         if not blob:
             return self._failed(MISSING_DATA, row, 0)  # an empty ciphertext: "unknown", not a key problem
         try:

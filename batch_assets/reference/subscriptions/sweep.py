@@ -116,7 +116,8 @@ class ExpiryFailures(WriteFailures):
         max_retries is counted for the retries-exhausted alert."""
         kind = self.kind(exc)
         subscription_id, expiry_date = outcome.change
-        log.warning("subscription %s: expiry failed (%s)", subscription_id, kind)
+        # Per row at DEBUG only: the engine's one warning per batch counts the failures by kind.
+        log.debug("subscription %s: expiry failed (%s)", subscription_id, kind)
         orig = getattr(exc, "orig", None) or exc
         text = f"{kind}: {first_line(str(orig)) or type(orig).__name__}"
         if len(text) > ERROR_MAX_CHARS:
