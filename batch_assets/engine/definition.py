@@ -73,7 +73,7 @@ class WriteCounts:
     """What a committed write did; `extra` holds the definition's own counters (summed into the result).
 
     `conflicts`: rows of the write that were not applied because they no longer held what was read
-    (another writer changed them since the read; CONTRACT §3). They are left as the other writer left
+    (another writer changed them since the read; docs/reference/tables.md). They are left as the other writer left
     them (due), counted apart from `rows`, never as unchanged. `triggers`: side-effect rows written by
     the same statement (e.g. review triggers conditioned on the same check).
     """
@@ -223,7 +223,7 @@ class Sweep(ABC):
     def write_page(self, conn: sa.Connection, changed: Sequence[RowOutcome]) -> WriteCounts:
         """The page's data, its bookkeeping stamp and its outbox events, in bulk, inside the page transaction.
 
-        A row is written only if every column read still holds the value read (CONTRACT §3); the others are
+        A row is written only if every column read still holds the value read (docs/reference/tables.md); the others are
         counted in `conflicts`. `rows` counts rows written whose outcome is a success (not a failure kept due).
         """
 

@@ -249,7 +249,7 @@ class Executor:
             return Outcome.retry("handler_error", f"handler raised {type(exc).__name__}")
 
     def settle(self, claim: Claim, outcome: Outcome) -> None:
-        """The result of a call that was made (CONTRACT §7 v3).
+        """The result of a call that was made (docs/guide/payment-queue.md).
 
         A transient failure always spends its attempt and is backed off (FAILED at max attempts),
         whatever the breaker: only claims whose call was not made are given back (`give_back`). So

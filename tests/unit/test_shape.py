@@ -12,6 +12,7 @@ called with a string literal or a module-level string constant. The one exceptio
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from pathlib import Path
 
@@ -246,3 +247,21 @@ def test_the_cycle_finder_sees_hidden_and_relative_imports(tmp_path: Path) -> No
         "pkg.a:1 -> pkg.b:2 -> pkg.a",
         "pkg.d:4 -> pkg.sub.c:1 -> pkg.d",
     ]
+
+
+CITED = re.compile(r"CONTRACT|(?<!RFC \d{4} )(?<!RFC \d{3} )§ ?\d|\b[Ii]ssues? \d+\b")
+"""A citation of a document the repository does not hold (the external contract, an issue tracker)."""
+
+
+def test_nothing_cites_a_document_outside_the_repository() -> None:
+    """Code, tests, docs and the README say the reason or link a docs page: they cite no section of the external
+    contract and no issue number (the previous release's migrations, kept verbatim as test fixtures, aside)."""
+    roots = [REPO / name for name in ("batch_assets", "tests", "docs", "examples", "faults", ".ci")]
+    files = [REPO / "README.md", REPO / "Makefile", REPO / "mkdocs.yml", REPO / "pyproject.toml"]
+    for root in roots:
+        files += [p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".sql", ".yaml", ".yml", "")
+                  and "previous_release" not in p.parts and "__pycache__" not in p.parts and p != Path(__file__)]
+    cited = [f"{path.relative_to(REPO)}:{number}: {line.strip()[:100]}"
+             for path in files for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+             if CITED.search(line)]
+    assert cited == []

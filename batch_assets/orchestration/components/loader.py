@@ -1,4 +1,4 @@
-"""Every defs.yaml under BATCH_ASSETS_DEFS_DIR, as Dagster components (CONTRACT §9, §10).
+"""Every defs.yaml under BATCH_ASSETS_DEFS_DIR, as Dagster components (docs/reference/declarations.md).
 
 The folder is put first on sys.path, so the functions a declaration names can live beside it (the folder
 of each defs.yaml follows it on the path: a function beside its defs.yaml in a subfolder is found by its

@@ -1,4 +1,4 @@
-"""The customer-status sweep (CONTRACT §5) as a `Sweep` on the engine's plug-in API.
+"""The customer-status sweep (docs/reference/rules.md) as a `Sweep` on the engine's plug-in API.
 
 Row = (id, encrypted_dob, age_category, next_review_date, review_failure, dob_bytes): encrypted_dob is
 NULL when it is longer than `max_value_bytes` (its length is in dob_bytes), so what a page holds is
@@ -7,7 +7,7 @@ once per row; decrypted values never leave this module's memory and are never lo
 run date are fixed per instance (per run), and evaluations are memoised per plaintext for the run.
 
 Every row another service may write gets a counted, named outcome and a row that cannot be evaluated
-is always left due (CONTRACT §5): no ciphertext or an empty one is missing_data; one that does not
+is always left due (docs/reference/rules.md): no ciphertext or an empty one is missing_data; one that does not
 authenticate under the key and the row's id (too short, corrupt, another row's, another key) is
 decrypt_failure; one that decrypts to anything but `YYYY-MM-DD` in ASCII digits, or to a date that does not exist
 or lies after the run date, is invalid_value. A value longer than max_value_bytes is never read into a page: the
@@ -302,7 +302,7 @@ class CustomerStatusSweep(Sweep):
 
     def _failed(self, kind: str, row: Any, decrypted: int) -> RowOutcome:
         # A row that cannot be evaluated keeps its category and is always left due, whatever the kind
-        # (CONTRACT §5): a future date left by an earlier run is cleared. A wrong key writes nothing all
+        # (docs/reference/rules.md): a future date left by an earlier run is cleared. A wrong key writes nothing all
         # the same: the runner drops the failures of a page that may trip the breaker. The failure kind
         # is recorded in review_failure, so the same failure next time is known and does not feed the
         # breaker; a row already marked with this kind and still due costs no write.

@@ -1,4 +1,4 @@
-"""The nightly subscription expiry (CONTRACT §6): its settings, result and run functions.
+"""The nightly subscription expiry (docs/guide/subscriptions.md): its settings, result and run functions.
 
 The expiry runs on the sweep engine (`engine.runner.run_sweep`) as the `ExpirySweep` definition
 (sweep.py; statements in sql.py): keyset batches read with no transaction open, each batch expired by
@@ -137,7 +137,8 @@ class ExpirySettings(SettingsModel):
 
 
 class ExpiryJobSettings(DatedSettings, ExpirySettings):
-    """The expiry job's settings (CONTRACT §2 `subscriptions expire`): its run date and mode on top of the knobs.
+    """The expiry job's settings (`subscriptions expire`, docs/reference/cli.md): its run date and mode on top of the
+    knobs.
     The one model its run config (launchpad) derives from."""
 
     retry_failed: bool = Field(default=False,
@@ -173,7 +174,7 @@ class ExpiryResult:
     exhausted_ids: list[int] = field(default_factory=list)  # the first MAX_ALERT_IDS of them
 
     def to_summary(self, run_id: str) -> dict[str, Any]:
-        """The CONTRACT §2 summary (changed = expired) plus run_date, mode and extras."""
+        """The JSON summary (changed = expired) plus run_date, mode and extras."""
         summary = {
             "status": self.status,
             "run_id": run_id,
