@@ -169,7 +169,7 @@ def measure_cli_sweep(url: str, key_text: str, run_date: date, *, workers: int, 
 
 
 QUEUE_ROWS = {
-    "floor": "the floor's rows: ids in ascending order, ANALYZEd (domains.payments.benchmark), as the queue section",
+    "floor": "the floor's rows: ids in ascending order, ANALYZEd (batch_assets.bench.payments), as the queue section",
     "seed": "`batch-assets seed payments`: random UUIDv4 ids, no ANALYZE",
 }
 """The payments a CLI queue probe drains. The goal is judged on the floor's own rows, so the ratio is the CLI's
@@ -217,7 +217,7 @@ def measure_cli_queue(url: str, key_text: str, run_date: date, *, payments: int,
             with engine.connect() as conn:
                 done = conn.exec_driver_sql("SELECT count(*) FROM payments WHERE status = 'DONE'").scalar_one()
         finally:
-            # As the queue section leaves its rows (domains.payments.benchmark): deleted and vacuumed, so the next
+            # As the queue section leaves its rows (batch_assets.bench.payments): deleted and vacuumed, so the next
             # probe does not drain beside autovacuum cleaning this one's 100k dead rows, nor over their index entries.
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 conn.exec_driver_sql("DELETE FROM payments")

@@ -42,7 +42,7 @@ def repo_root() -> Path:
     """This checkout, when the package is installed editable: where workspace.yaml lives. Nothing the installed
     package needs at run time is read from here."""
     return Path(__file__).resolve().parents[2]  # .../batch_assets/orchestration/instance_home.py; not via
-    # `import batch_assets`, whose __init__ imports a domain (this module sits below the domains' layer)
+    # `import batch_assets`, whose __init__ exports the whole public API
 
 
 def write_instance_config(settings: Settings) -> Path:

@@ -11,5 +11,6 @@ The parts, as River (producer, executor, completer, notifier) and pgqueuer split
   `UPDATE … unnest` per flush), `notifier` (LISTEN and reconnect), `connection` (the claim/flush
   connection and its reconnects) and `breaker` (the outage breaker).
 
-The payment queue (`domains/payments`) is one instance; `batch_assets.TableQueueComponent` declares others.
+The payment queue (`batch_assets.reference.payments`) is one instance; `batch_assets.TableQueueComponent`
+declares others.
 """

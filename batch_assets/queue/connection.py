@@ -43,8 +43,8 @@ payments scheduled later) it reads the due rows from the due index and sorts the
 (`enable_sort=off`) was tried and measured: 26 ms a claim against 2.6 ms with 200k payments due in an hour and 50
 due now, since the walk reads every row not yet due. The opposite mistake comes from statistics that undercount the
 due rows (a bulk insert not yet analyzed): 130 ms a claim against 1 ms at 100k due. So a bulk load is followed by
-ANALYZE: the product's own (`seed payments`, `queue enqueue`, `domains.payments.seed.copy_payments`) do it;
-another service's bulk load should too (docs/queue.md)."""
+ANALYZE: the product's own (`seed payments`, `queue enqueue`, `batch_assets.reference.payments.seed.copy_payments`)
+do it; another service's bulk load should too (docs/queue.md)."""
 
 
 def pause_s(delay: float) -> float:

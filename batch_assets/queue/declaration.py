@@ -1,7 +1,7 @@
 """A queue as a team declares it (docs/reference/declarations.md): the attributes of `batch_assets.TableQueueComponent`.
 
 The model knows no Dagster: `components.table_queue.TableQueueComponent` is this model as a Dagster
-component, and the payments queue is one instance of it (`domains.payments.declaration.PAYMENTS_QUEUE`).
+component, and the payments queue is one instance of it (`batch_assets.reference.payments.declaration.PAYMENTS_QUEUE`).
 
     name, table, key, columns, handler, max_attempts, backoff: {base_s, max_s, jitter?}, rate_limit_per_s,
     concurrency, priority (optional: the column of a higher-first priority with aging; none = oldest due first),
@@ -24,11 +24,12 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from batch_assets.errors import ConfigError
+from batch_assets.names import checked_function, checked_name
 from batch_assets.plugins import load_function
 from batch_assets.queue.executor import Refusal
 from batch_assets.queue.handler import Handler, KwargsHandler
 from batch_assets.queue.settings import MAX_CONCURRENCY, QueueSettings
-from batch_assets.queue.spec import NAME_RE, TOKEN_COLUMN, QueueSpec, check_identifier
+from batch_assets.queue.spec import TOKEN_COLUMN, QueueSpec, check_identifier
 from batch_assets.queue.store import QueueStore
 from batch_assets.settings_model import DEFAULT_CALL_TIMEOUT_S, MAX_CALL_TIMEOUT_S
 
@@ -104,9 +105,7 @@ class QueueDeclaration(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not NAME_RE.fullmatch(value):
-            raise ValueError(f"must match [a-z][a-z0-9_]{{0,40}}, got {value!r}")
-        return value
+        return checked_name(value)
 
     @field_validator("table")
     @classmethod
@@ -127,10 +126,7 @@ class QueueDeclaration(BaseModel):
     @field_validator("handler")
     @classmethod
     def _handler(cls, value: str) -> str:
-        module, sep, function = value.strip().partition(":")
-        if not sep or not module or not function:
-            raise ValueError(f"must be module:function, got {value!r}")
-        return value.strip()
+        return checked_function(value)
 
     @model_validator(mode="after")
     def _spec(self) -> "QueueDeclaration":

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field, replace
 
 from batch_assets.errors import ConfigError
+from batch_assets.names import NAME_RE
 
-NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,40}", re.ASCII)
 IDENT_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}", re.ASCII)
 QUEUE_COLUMNS = ("status", "attempts", "next_attempt_at", "claimed_until", "last_error", "processed_at")
 """The columns every queue table holds (as payments); the claim token's column is the product's own (added)."""

@@ -1,4 +1,5 @@
-"""The package's layers hold: CLI → orchestration → domains → engine/locking/outbox → db → core, no Dagster below."""
+"""The package's layers hold (pyproject.toml, [tool.importlinter]): CLI → reference project → orchestration →
+engines (sweep, queue, outbox, retention) → locking → db → core, no Dagster below orchestration."""
 
 from __future__ import annotations
 

@@ -265,3 +265,43 @@ def test_nothing_cites_a_document_outside_the_repository() -> None:
              for path in files for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
              if CITED.search(line)]
     assert cited == []
+
+
+DOTTED = re.compile(r"`(batch_assets(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?:\(\))?`")
+"""A reference in backticks to a module or a name of the package, fully qualified: `batch_assets.queue.worker`."""
+
+
+def resolves(reference: str) -> bool:
+    """Whether `reference` names a module of the package, or an attribute reached from the deepest one."""
+    import importlib
+
+    parts = reference.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[i:]:
+                found = getattr(found, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_every_reference_to_a_module_or_name_of_the_package_resolves() -> None:
+    """A docstring or a docs page that names `batch_assets.x.y` names a module or a name that exists: a move
+    (the engines out of the reference jobs) leaves no reader following a path that is gone."""
+    files = [REPO / "README.md"] + [p for root in ("batch_assets", "docs", "faults", "tests")
+                                    for p in (REPO / root).rglob("*") if p.suffix in (".py", ".md")
+                                    and "__pycache__" not in p.parts and p != Path(__file__)]
+    stale = sorted({f"{path.relative_to(REPO)}: {ref}" for path in files
+                    for ref in DOTTED.findall(path.read_text(errors="replace")) if not resolves(ref)})
+    assert stale == []
+
+
+def test_a_reference_that_is_gone_is_found() -> None:
+    assert resolves("batch_assets.queue.worker.run_worker")
+    assert not resolves("batch_assets.domains.queue.worker")
+    assert not resolves("batch_assets.queue.worker.no_such_name")

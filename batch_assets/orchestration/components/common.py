@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import dagster as dg
 import sqlalchemy as sa
@@ -16,7 +16,7 @@ from pydantic import field_validator
 
 from batch_assets.errors import ConfigError, error_text
 from batch_assets.orchestration.automation import schedule_status
-from batch_assets.orchestration.defaults import LocationDefaults
+from batch_assets.orchestration.defaults import TEAM, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.settings import DATABASE_URL_VAR
 
@@ -245,3 +245,30 @@ def folder_of(context: Any) -> Path | None:
         return None
     path = Path(path)
     return path.parent if path.is_file() else path
+
+
+class DeclaredComponent:
+    """The Dagster definitions of a declaration component (a sweep's, a queue's), built one way: in a team's own
+    project self-contained, with resources of its own and checked against the database whenever it answers (a
+    declaration that cannot work fails the load naming the attribute; a database that is down never stops the code
+    location from loading); in this repository's code location on the location's shared resources. The component
+    gives `built_specs`, its jobs as `JobSpec`s."""
+
+    if TYPE_CHECKING:
+        name: str
+        database_url: DatabaseUrl | None
+
+        def built_specs(self, defaults: LocationDefaults, folder: Path | None) -> list[JobSpec]: ...
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        """This declaration's definitions in a team's own project (Dagster calls it when loading defs.yaml)."""
+        return self.definitions(TEAM, folder_of(context))
+
+    def definitions(self, defaults: LocationDefaults, folder: Path | None) -> dg.Definitions:
+        specs = self.built_specs(defaults, folder)
+        resources = None
+        if not defaults.shared_resources:
+            resources = own_resources(self.name, self.database_url, defaults)
+            check_when_reachable(self, declared_url(self.database_url, defaults), folder)
+        timezone, status = location_status()
+        return definitions_of(specs, resources=resources, timezone=timezone, status=status)

@@ -17,7 +17,8 @@ from typing import Any
 import dagster as dg
 import yaml
 
-NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,40}")
+from batch_assets.names import NAME_RE
+
 PLAIN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:]*")
 DATABASE_URL_TEMPLATE = "{{ env.BATCH_ASSETS_DATABASE_URL }}"
 

@@ -39,18 +39,14 @@ from batch_assets.engine.table_statements import Compute, SweepTarget
 from batch_assets.engine.table_sweep import DeclaredSweep
 from batch_assets.engine.where import parse_where
 from batch_assets.errors import ConfigError
+from batch_assets.names import checked_function, checked_name
 from batch_assets.orchestration.components.common import (
     DATABASE_URL_RESOLVER,
     DatabaseUrl,
+    DeclaredComponent,
     Schedules,
     asset_key_of,
-    check_when_reachable,
     checked_asset_key,
-    declared_url,
-    definitions_of,
-    folder_of,
-    location_status,
-    own_resources,
     schedule_default,
     url_getter,
 )
@@ -62,16 +58,14 @@ from batch_assets.orchestration.components.sweep_queries import (
     range_planner,
     where_columns,
 )
-from batch_assets.orchestration.defaults import REPOSITORY, TEAM, LocationDefaults
+from batch_assets.orchestration.defaults import REPOSITORY, LocationDefaults
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.orchestration.sweep_job.definition import DeltaFullSettings, FullSettings
 from batch_assets.plugins import load_function
 from batch_assets.settings_model import DEFAULT_CALL_TIMEOUT_S, MAX_CALL_TIMEOUT_S
 
-NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,40}")
 IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 TABLE_RE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_$]{0,62}\.)?[A-Za-z_][A-Za-z0-9_$]{0,62}")
-FUNCTION_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
 EVENT_RE = re.compile(r"[a-z][a-z0-9_.]{0,60}")
 
 
@@ -109,7 +103,7 @@ class DeclaredFullSettings(FullSettings):
 
 
 @dg.scaffold_with(SweepScaffolder)
-class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
+class SweepComponent(DeclaredComponent, dg.Component, dg.Resolvable, dg.Model):
     """A declared sweep of a team's own table: one job and one asset named `name`."""
 
     name: str
@@ -134,9 +128,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not NAME_RE.fullmatch(value):
-            raise ValueError(f"must match [a-z][a-z0-9_]{{0,40}}, got {value!r}")
-        return value
+        return checked_name(value)
 
     @field_validator("table")
     @classmethod
@@ -180,9 +172,7 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
     @field_validator("compute")
     @classmethod
     def _function(cls, value: str) -> str:
-        if not FUNCTION_RE.fullmatch(value):
-            raise ValueError(f"must be module:function, got {value!r}")
-        return value
+        return checked_function(value)
 
     @field_validator("where")
     @classmethod
@@ -337,17 +327,3 @@ class SweepComponent(dg.Component, dg.Resolvable, dg.Model):
             database_url=url_getter(self.name, self.database_url),
         ))
 
-    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """This declaration's definitions in a team's own project: self-contained, with its own resources. Checked
-        against the database whenever it answers (a declaration that cannot work fails the load, naming the
-        attribute); a database that is down never stops the code location from loading."""
-        return self.definitions(TEAM, folder_of(context))
-
-    def definitions(self, defaults: LocationDefaults, folder: Path | None) -> dg.Definitions:
-        specs = self.built_specs(defaults, folder)
-        resources = None
-        if not defaults.shared_resources:
-            resources = own_resources(self.name, self.database_url, defaults)
-            check_when_reachable(self, declared_url(self.database_url, defaults), folder)
-        timezone, status = location_status()
-        return definitions_of(specs, resources=resources, timezone=timezone, status=status)

@@ -26,16 +26,11 @@ from pydantic import Field, PrivateAttr
 from batch_assets.orchestration.components.common import (
     DATABASE_URL_RESOLVER,
     DatabaseUrl,
-    check_when_reachable,
-    declared_url,
-    definitions_of,
-    folder_of,
-    location_status,
-    own_resources,
+    DeclaredComponent,
     url_getter,
 )
 from batch_assets.orchestration.components.scaffold import TableQueueScaffolder
-from batch_assets.orchestration.defaults import TEAM, LocationDefaults
+from batch_assets.orchestration.defaults import LocationDefaults
 from batch_assets.orchestration.queue_job import QueueJob, build_queue_job, job_name
 from batch_assets.orchestration.spec import JobSpec
 from batch_assets.plugins import load_function
@@ -47,7 +42,7 @@ class QueueBackoff(Backoff, dg.Model):
 
 
 @dg.scaffold_with(TableQueueScaffolder)
-class TableQueueComponent(dg.Component, dg.Resolvable, QueueDeclaration):
+class TableQueueComponent(DeclaredComponent, dg.Component, dg.Resolvable, QueueDeclaration):
     """A PostgreSQL task queue over a table holding the payments' queue columns."""
 
     backoff: QueueBackoff = Field(default_factory=QueueBackoff)
@@ -87,16 +82,3 @@ class TableQueueComponent(dg.Component, dg.Resolvable, QueueDeclaration):
             ))]
         return built
 
-    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        """This declaration's definitions in a team's own project: self-contained, with its own resources; checked
-        against the database whenever it answers."""
-        return self.definitions(TEAM, folder_of(context))
-
-    def definitions(self, defaults: LocationDefaults, folder: Path | None) -> dg.Definitions:
-        specs = self.built_specs(defaults, folder)
-        resources = None
-        if not defaults.shared_resources:
-            resources = own_resources(self.name, self.database_url, defaults)
-            check_when_reachable(self, declared_url(self.database_url, defaults), folder)
-        timezone, status = location_status()
-        return definitions_of(specs, resources=resources, timezone=timezone, status=status)

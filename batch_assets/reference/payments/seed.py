@@ -50,7 +50,7 @@ def copy_payments(
                 copy.write_row((uuid.UUID(int=rng.getrandbits(128), version=4), rng.randint(lo, hi), priority))
         raw.commit()
         if count >= ANALYZE_AFTER_ROWS:
-            # Fresh statistics, so the claims that follow plan on what is due (domains.queue.connection).
+            # Fresh statistics, so the claims that follow plan on what is due (batch_assets.queue.connection).
             with driver_connection(raw).cursor() as cur:
                 cur.execute("ANALYZE payments")
             raw.commit()

@@ -1,7 +1,7 @@
 """Named statements of the payment queue. Bound parameters only.
 
 The queue's statements (claims, fenced results, stats, DLQ) belong to the payments' store
-(`store.PAYMENTS`, written by `domains.queue.statements` from its spec); the names below are those
+(`store.PAYMENTS`, written by `batch_assets.queue.statements` from its spec); the names below are those
 texts, for the sensor, the asset checks, the bench and the tests. Only COPY is the payments' own.
 """
 

@@ -1,6 +1,6 @@
 """The resident payment worker (docs/guide/payment-queue.md): the generic queue worker on the payments' store.
 
-The worker itself is `domains.queue.worker` (claim loop and adaptive batch, executor, completer,
+The worker itself is `batch_assets.run_queue_worker` (claim loop and adaptive batch, executor, completer,
 notifier, breaker); the payments add their store (`store.PAYMENTS`) and their own refusal (an amount
 the limits service cannot be asked about is FAILED without a call, `queue.refuse_payment`).
 """
@@ -30,6 +30,6 @@ def run_worker(
     progress: Callable[[QueueResult], None] | None = None,
 ) -> QueueResult:
     """Process due payments until `stop` is set, `max_seconds` pass, or (drain=True) nothing is due
-    (`domains.queue.worker.run_worker` on the payments' store)."""
+    (`batch_assets.run_queue_worker` on the payments' store)."""
     return run_queue_worker(engine, PAYMENTS, settings, handler=handler, stop=stop, max_seconds=max_seconds,
                                    drain=drain, progress=progress, refuse=refuse_payment)
