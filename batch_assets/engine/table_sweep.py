@@ -9,8 +9,8 @@ columns and returns a mapping of exactly the `writes` columns:
 * `RowFailure(kind)` is the row's own failure: `failed_by_type[kind]`, not systemic, nothing written (with
   `due`, the row stays due); a kind that is not a short lower-case word of letters and `_` (or not a str) is
   counted under `invalid_failure_kind` instead, and its text is never shown;
-* any other exception, or a result that is not a mapping of exactly the `writes` columns, is `compute_error`,
-  systemic (it feeds the breaker);
+* any other exception (`SystemExit` included), or a result that is not a mapping of exactly the `writes` columns,
+  is `compute_error`, systemic (it feeds the breaker);
 * a result whose value does not fit its column's type (an int for a text column, a str for an integer column, a
   datetime for a date column, ...) is `invalid_result`, systemic: never cast on the way in (`Column.python_types`);
 * a result equal to what is stored is not written;
@@ -202,7 +202,9 @@ class DeclaredSweep(Sweep):
             # short word may have been built from the row's values: counted under a name of the product's own.
             kind = failure.kind
             return RowOutcome(None, kind if is_kind(kind) else INVALID_FAILURE_KIND, 0, True)
-        except Exception as exc:  # noqa: BLE001 — the team's function: any defect is counted, systemic
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 — the team's function: any defect is counted, systemic
+            # SystemExit too (`sys.exit(...)` in the function): uncaught it would end the range's step with its text,
+            # which the function may have made of the row's values, in the run's error and Dagster's event log.
             log.warning("sweep %s: compute raised %s for %s", self.name, type(exc).__name__, self.describe(row))
             return RowOutcome(None, COMPUTE_ERROR)
         # Exactly the writes: a dict of as many keys that has every one of them (the common case, checked by
