@@ -146,6 +146,8 @@ class Case:
             return f"`jobs run` exit 2, one line naming `{self.attribute}`, nothing written"
         if self.expect == "literal":
             return f"taken as written (no row but the OPEN ones read) or refused naming `{self.attribute}`"
+        if self.component == "queue":
+            return f"runs; the hostile jobs counted as `{self.kind}` and not DONE, the others DONE"
         return f"runs; the hostile rows counted as `{self.kind}` and left as they were, the others the rule's"
 
 
@@ -325,17 +327,17 @@ def judge_run(case: Case, result: CliResult, hostile_rows: int, report: checker.
     return wrong
 
 
-def _brief(result: CliResult, how: str, problems: list[str]) -> str:
+def _brief(result: CliResult, how: str, attribute: str, problems: list[str]) -> str:
     words = " ".join(result.args[:2])
     summary = result.summary or {}
     if result.rc == EXIT_USAGE:
-        text = f"{words}: exit 2, one line naming it" if not problems else f"{words}: exit 2"
+        text = f"{words}: exit 2, one line naming `{attribute}`" if not problems else f"{words}: exit 2"
     elif how in ("ran", "ran_or_refused"):
         counted = {k: v for k, v in (summary.get("failed_by_type") or {}).items() if v}
         text = (f"{words}: exit {result.rc} {summary.get('status')}, changed {summary.get('changed')}"
                 + (f", {', '.join(f'{k} {v}' for k, v in sorted(counted.items()))}" if counted else ""))
     else:
-        text = f"{words}: exit {result.rc}"
+        text = f"{words}: exit {result.rc}" + (", nothing written" if how.startswith("quiet") and not problems else "")
     return text + (f" ({'; '.join(problems)})" if problems else "")
 
 
@@ -372,7 +374,7 @@ def run_case(c: Campaign, spec: FaultSpec, res: FaultResult) -> None:
             problems = _judge(case, how, result, path, checker.changed_tables(state, after), engine, before, res,
                               c.run_date)
             state = after
-            outcome.observed.append(_brief(result, how, problems))
+            outcome.observed.append(_brief(result, how, case.attribute, problems))
             outcome.problems.extend(f"{' '.join(args[:2])}: {p}" for p in problems)
         for problem in outcome.problems:
             res.report.add("command_not_as_expected", problem)
