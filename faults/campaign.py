@@ -139,7 +139,12 @@ class FaultResult:
             parts.append("untruthful SUCCESS" if self.truth_violation.startswith("SUCCESS") else "partial state")
         if not self.recovered:
             parts.append("no recovery")
-        if not self.report.ok:
+        if self.declaration is not None:
+            found = self.report.violations
+            parts += [what for what, kinds in (("outcome", ("command_not_as_expected", "known_failure_passes")),
+                                               ("wrong rows", checker.TEAM_ROW_KINDS), ("leaks", ("canary_leak",)))
+                      if any(found[k] for k in kinds)]
+        elif not self.report.ok:
             parts.append("invariants")
         if any(not o.ok for o in self.hostile.values()):
             parts.append("hostile rows")

@@ -554,3 +554,29 @@ def test_the_quick_campaign_draws_one_declaration_and_the_full_one_runs_them_all
     res.report.add("known_failure_passes", "take its mark off")
     assert res.outcome == "FAIL"
     assert CASES[known.name] is known
+
+
+def test_the_declarations_table_shows_wrong_rows_leaks_and_a_known_failure() -> None:
+    """One line per hostile declaration: wrong rows and leaks counted, FAIL with its violations, a known failure with
+    its reason; the fault table has one line for all of them."""
+    from faults.campaign import FaultResult, FaultSpec
+    from faults.declarations import CASES
+    from faults.report import declarations_table, fault_table
+
+    results = []
+    for name in ("where_breakout", "compute_exits", "handler_exits"):
+        case = CASES[name]
+        res = FaultResult(FaultSpec("decl", "hostile_decl", name), seed=1, injected=True, recovered=True)
+        res.declaration = checker.DeclarationOutcome(name, case.title, case.component, case.expected, known=case.known)
+        res.declaration.observed.append("jobs run: exit 2, one line naming `where`")
+        results.append(res)
+    results[1].report.add("team_row_written", "a hostile row 1 was written")
+    results[1].report.add("canary_leak", "a row's value (code) in the output of `jobs run`")
+    results[2].report.add("canary_leak", "a row's value (code) in the output of `queue work`")
+    lines = declarations_table(results)
+    assert lines[2].endswith("| 0 | 0 | pass |"), lines[2]
+    assert "| 1 | 1 | **FAIL**: canary_leak=1" in lines[3], lines[3]
+    assert "| 0 | 1 | **known failure**: the queue's KwargsHandler" in lines[4], lines[4]
+    table = fault_table(results)
+    assert len(table) == 3 and table[2].startswith("| hostile declaration · a team's declared job"), table
+    assert "| 3 | pass 1, FAIL (wrong rows+leaks) 1, known failure 1 | 1 |" in table[2], table[2]
