@@ -21,6 +21,7 @@ its way.
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -320,11 +321,15 @@ def judge_run(case: Case, result: CliResult, hostile_rows: int, report: checker.
     if success and got != hostile_rows or not success and not 0 < got <= hostile_rows:
         wrong.append(f"`{case.kind}` {got}, the hostile rows {hostile_rows}")
     if by_type:
-        wrong.append(f"counted under other kinds too: {sorted(by_type)}")
+        shown = {k if KIND_SHOWN.fullmatch(k) else "(a kind that is no word)" for k in by_type}
+        wrong.append(f"counted under other kinds too: {sorted(shown)}")
     written = report.info["team_rows_written"] if case.component == "sweep" else report.info["team_jobs_done"]
     if success and case.component == "sweep" and summary.get("changed") != written:
         wrong.append(f"changed {summary.get('changed')}, the checker saw {written} rows written")
     return wrong
+
+
+KIND_SHOWN = re.compile(r"[A-Za-z][A-Za-z_]{0,60}")
 
 
 def _brief(result: CliResult, how: str, attribute: str, problems: list[str]) -> str:
@@ -333,7 +338,9 @@ def _brief(result: CliResult, how: str, attribute: str, problems: list[str]) -> 
     if result.rc == EXIT_USAGE:
         text = f"{words}: exit 2, one line naming `{attribute}`" if not problems else f"{words}: exit 2"
     elif how in ("ran", "ran_or_refused"):
-        counted = {k: v for k, v in (summary.get("failed_by_type") or {}).items() if v}
+        # A kind made of a row's value (a product that let one through) is not repeated here.
+        counted = {k if KIND_SHOWN.fullmatch(k) else "(a kind that is no word)": v
+                   for k, v in (summary.get("failed_by_type") or {}).items() if v}
         text = (f"{words}: exit {result.rc} {summary.get('status')}, changed {summary.get('changed')}"
                 + (f", {', '.join(f'{k} {v}' for k, v in sorted(counted.items()))}" if counted else ""))
     else:
@@ -379,7 +386,7 @@ def run_case(c: Campaign, spec: FaultSpec, res: FaultResult) -> None:
         for problem in outcome.problems:
             res.report.add("command_not_as_expected", problem)
         res.faulted = "; ".join(outcome.observed)
-        _recover(c, db, case, folder, env, res, before)
+        _recover(c, db, case, folder, env, res)
         texts = _texts(c, engine, first_output, since)
         for where, text in texts:
             for what in canaries.found(text):
@@ -398,11 +405,12 @@ def _judge(case: Case, how: str, result: CliResult, path: Path, changed: list[st
            before: dict[Any, checker.Account], res: FaultResult, run_date: date) -> list[str]:
     if how in ("refused", "field") or how.endswith("_or_refused") and result.rc == EXIT_USAGE:
         return refusal_problems(result, "field" if how == "field" else "refused", path, case.attribute, changed)
+    # The report never quotes the product's output here: it may hold a canary (the case's work dir keeps it).
     if how in ("quiet", "quiet_or_refused"):
-        wrong = [] if result.rc == EXIT_OK else [f"exit {result.rc}, not 0: {result.stderr_tail(1)[:160]}"]
+        wrong = [] if result.rc == EXIT_OK else [f"exit {result.rc}, not 0"]
         return wrong + ([f"written: {', '.join(changed)}"] if changed else [])
     if how == "installs":
-        return [] if result.rc == EXIT_OK else [f"exit {result.rc}, not 0: {result.stderr_tail(1)[:160]}"]
+        return [] if result.rc == EXIT_OK else [f"exit {result.rc}, not 0"]
     # A run: the team's rows, and (counted) its counts.
     with engine.connect() as conn:
         if case.component == "sweep":
@@ -425,13 +433,15 @@ def _judge(case: Case, how: str, result: CliResult, path: Path, changed: list[st
     return judge_run(case, result, hostile_rows, report) + [f"{n} row(s) {k}" for k, n in report.violations.items()]
 
 
-def _recover(c: Campaign, db: str, case: Case, folder: Path, env: dict[str, str], res: FaultResult,
-             before: dict[Any, checker.Account]) -> None:
-    """The valid declaration in the hostile one's place, run until SUCCESS; then every row is the rule's."""
+def _recover(c: Campaign, db: str, case: Case, folder: Path, env: dict[str, str], res: FaultResult) -> None:
+    """The valid declaration in the hostile one's place, run until SUCCESS; then every row in its scope is the rule's
+    and every other as the hostile commands left it (what they wrote is counted once, with them)."""
     write_declaration(folder, None, case.component)
     engine = c.admin(db)
     try:
         if case.component == "sweep":
+            with engine.connect() as conn:
+                before = checker.team_accounts(conn)
             args = ["jobs", "run", SWEEP_NAME, "--set", "mode=full", "--set", f"run_date={c.run_date.isoformat()}"]
             c.recover(db, args, res, time.monotonic(), env=env)
             with engine.connect() as conn:
