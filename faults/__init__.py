@@ -1,4 +1,4 @@
-"""The fault campaign of issues 8 and 15: `python -m faults` (`make faults`, `make faults-quick`).
+"""The fault campaign (docs/faults.md): `python -m faults` (`make faults`, `make faults-quick`).
 
 It owns its services (a PostgreSQL server it can restart, a Redis, a limits-service
 stub), drives the product only through its command line as an operator would,

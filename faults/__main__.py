@@ -26,7 +26,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m faults", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="14 faults, one of each kind (CI); writes a temp report")
+    p.add_argument("--quick", action="store_true", help="15 faults, one of each kind (CI); writes a temp report")
     p.add_argument("--seed", type=int, default=None, help="the campaign seed (default: the time)")
     p.add_argument("--output", default=None, help="report path (default docs/reliability.md; quick: a temp file)")
     p.add_argument("--only", action="append", default=None,
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"kept {root}")
         else:
             remove_root(root)
-    counts = {k: sum(1 for r in campaign.results if r.outcome == k) for k in ("pass", "FAIL", "not injected", "error")}
+    counts = {k: sum(1 for r in campaign.results if r.outcome == k)
+              for k in ("pass", "FAIL", "known failure", "not injected", "error")}
     bad_fuzz = sum(1 for r in campaign.fuzz + campaign.config_fuzz if not r["ok"])
     log(f"faults: {counts}; bad input not refused: {bad_fuzz}; secrets found: {len(campaign.secrets.get('hits', []))}"
         f"; {(time.monotonic() - started) / 60:.1f} min; {'FAIL' if failed else 'PASS'}")

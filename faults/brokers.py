@@ -1,4 +1,4 @@
-"""The outbox's brokers in the campaign (issue 19): a TCP proxy to break connections with, an owned NATS
+"""The outbox's brokers in the campaign: a TCP proxy to break connections with, an owned NATS
 JetStream server, a RabbitMQ virtual host of the campaign's own, and consumers that read back every message
 with its broker-level id.
 

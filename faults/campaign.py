@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from faults import checker, hosts, writers
 from faults.brokers import NatsServer, RabbitVhost, TcpProxy, delivered_ids
+from faults.declarations import CATALOGUE, QUICK_CASES
 from faults.product import CliResult, Product, Running
 from faults.services import LimitsStub, PgServer, RedisServer
 
@@ -35,7 +36,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_SKIPPED = 0, 1, 2, 75
 EVALUATION_KINDS = ("missing_data", "invalid_value", "decrypt_failure")
 NEW_RULES = (("MINOR", 0), ("YOUNG_ADULT", 21), ("ADULT", 30), ("SENIOR", 60))
 NEW_RULES_TEXT = ",".join(f"{c}={a}" for c, a in NEW_RULES)
-EDIT_RATE = 400  # edits/s of the concurrent writer (issue 15's setup)
+EDIT_RATE = 400  # edits/s of the concurrent writer: a busy service beside the jobs
 PRE_EDITS = 1_000  # settled rows edited once before a delta (then due), edited again while it runs
 PG_FAULTS = ("kill9", "sigterm", "terminate", "restart_fast", "restart_immediate")
 FAULT_LABEL = {
@@ -60,11 +61,13 @@ FAULT_LABEL = {
     "broker_stop": "broker stopped mid-batch, started again",
     "host_lost": "kill -9 of every process of one host (of 3, namespaces)",
     "missing_privileges": "missing privileges (a role lacking one grant)",
+    "hostile_decl": "hostile declaration",
 }
 BROKER_FAULTS = ("broker_down", "broker_cut", "broker_mute", "broker_stop")
 BROKERS = ("rabbitmq", "nats")
 JOB_LABEL = {"sweep": "sweep", "queue": "queue drain (3 workers)", "expiry": "subscriptions expire",
-             "relay": "outbox relay", "hosts": "celery sweep and queue workers on 3 hosts (faults/hosts.py)"}
+             "relay": "outbox relay", "hosts": "celery sweep and queue workers on 3 hosts (faults/hosts.py)",
+             "decl": "a team's declared job (faults/declarations.py)"}
 
 
 def _secs(value: float | None) -> str:
@@ -101,6 +104,11 @@ class FaultSpec:
         what = JOB_LABEL[self.job] + (f" {self.mode}" if self.mode else "")
         return f"{FAULT_LABEL[self.fault]} · {what}"
 
+    @property
+    def group(self) -> str:
+        """The report's row: the label, but one row for every hostile declaration (each has its own table)."""
+        return f"{FAULT_LABEL[self.fault]} · {JOB_LABEL[self.job]}" if self.job == "decl" else self.label
+
 
 @dataclass
 class FaultResult:
@@ -119,6 +127,7 @@ class FaultResult:
     error: str | None = None
     edits: int = 0  # encrypted_dob edits made by the concurrent writer while the run ran
     hostile: dict[str, checker.HostileOutcome] = field(default_factory=dict)
+    declaration: checker.DeclarationOutcome | None = None  # a hostile declaration's outcome, command by command
 
     @property
     def reason(self) -> str:
@@ -130,7 +139,12 @@ class FaultResult:
             parts.append("untruthful SUCCESS" if self.truth_violation.startswith("SUCCESS") else "partial state")
         if not self.recovered:
             parts.append("no recovery")
-        if not self.report.ok:
+        if self.declaration is not None:
+            found = self.report.violations
+            parts += [what for what, kinds in (("outcome", ("command_not_as_expected", "known_failure_passes")),
+                                               ("wrong rows", checker.TEAM_ROW_KINDS), ("leaks", ("canary_leak",)))
+                      if any(found[k] for k in kinds)]
+        elif not self.report.ok:
             parts.append("invariants")
         if any(not o.ok for o in self.hostile.values()):
             parts.append("hostile rows")
@@ -142,11 +156,12 @@ class FaultResult:
             return "error"
         if not self.injected:
             return "not injected"
-        if self.truth_violation or not self.recovered or not self.report.ok:
-            return "FAIL"
-        if any(not o.ok for o in self.hostile.values()):
-            return "FAIL"
-        return "pass"
+        failed = (bool(self.truth_violation) or not self.recovered or not self.report.ok
+                  or any(not o.ok for o in self.hostile.values()))
+        if failed and self.declaration is not None and self.declaration.known and \
+                "known_failure_passes" not in self.report.violations:
+            return "known failure"  # reported with its reason, and it does not fail the campaign
+        return "FAIL" if failed else "pass"
 
 
 # --- progress probes -----------------------------------------------------------------
@@ -422,6 +437,10 @@ class Campaign:
                 self._relay_fault(spec, res)
             elif spec.job == "hosts":
                 self._hosts_fault(res)
+            elif spec.job == "decl":
+                from faults import declarations
+
+                declarations.run_case(self, spec, res)
         except Exception as exc:  # one broken scenario is reported and the campaign goes on
             res.error = f"{type(exc).__name__}: {str(exc)[:300]}"
         finally:
@@ -677,7 +696,7 @@ $$""")
         finally:
             engine.dispose()
 
-    # -- other services writing while the sweep runs (CONTRACT §3) -----------------------
+    # -- other services writing while the sweep runs (docs/reference/tables.md) -----------------------
 
     def _prepare_beside(self, spec: FaultSpec, template: str) -> tuple[str, tuple[tuple[str, int], ...],
                                                                         checker.Baseline]:
@@ -1028,7 +1047,7 @@ $$""")
         engine.dispose()
         self.pg.drop_database(db)
 
-    # -- several hosts (issue 20): the rig of faults/hosts.py on the campaign's PostgreSQL ------
+    # -- several hosts: the rig of faults/hosts.py on the campaign's PostgreSQL ------
 
     def _hosts_fault(self, res: FaultResult) -> None:
         """The sweep and queue scenarios of faults/hosts.py (network, pid and uts namespaces per host) against the
@@ -1339,7 +1358,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
         return rng.choice((1, 2, 4))
 
     if quick:
-        # Fourteen faults, one of each family, within the CI budget (~7 min on 2 cores).
+        # Fifteen faults, one of each family, within the CI budget (~7 min on 2 cores).
         return [
             FaultSpec("sweep", "concurrent", "full", 0.0, workers()),
             FaultSpec("sweep", "hostile", "full", at(), workers()),
@@ -1356,6 +1375,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
             FaultSpec("sweep", "redis_between_ranges", "full", 0.0, 2) if redis
             else FaultSpec("sweep", "sigterm", "full", at(), workers()),
             *([FaultSpec("relay", "broker_cut", brokers[0], at())] if brokers else []),
+            FaultSpec("decl", "hostile_decl", rng.choice(QUICK_CASES)),  # last: the draws above stay the seed's
         ]
     specs = []
     for mode in ("full", "delta", "config-change"):
@@ -1371,7 +1391,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
             FaultSpec("sweep", "redis_between_ranges", "full", 0.0, 2),
             FaultSpec("sweep", "redis_between_ranges", "config-change", 0.0, 2),
         ]
-    # Other services writing while the jobs run (CONTRACT §3): at EDIT_RATE edits/s, a full sweep of
+    # Other services writing while the jobs run (docs/reference/tables.md): at EDIT_RATE edits/s, a full sweep of
     # FULL.customers lasts long enough for ~8k edits, so the eight give well over 10k.
     for mode, n in (("full", 3), ("delta", 3), ("config-change", 2)):
         for _ in range(n):
@@ -1388,6 +1408,7 @@ def plan(sizes: Sizes, rng: random.Random, *, quick: bool, redis: bool,
         specs.append(FaultSpec("relay", fault, None, at()))
     if redis:
         specs.append(FaultSpec("relay", "redis_restart_empty", None, at()))
+    specs += [FaultSpec("decl", "hostile_decl", case.name) for case in CATALOGUE]
     return specs + _broker_specs(brokers, at) + _hosts_specs()
 
 

@@ -1,8 +1,8 @@
 """Invariants from independent checks: nothing here imports the product's engine or runner.
 
-Dates of birth are decrypted with `cryptography` directly as CONTRACT §4 describes
+Dates of birth are decrypted with `cryptography` directly as docs/reference/formats.md describes
 (12-byte nonce ‖ AES-256-GCM, the customer's 16 id bytes as associated data), and
-the age-category rule of CONTRACT §5 is computed by this module's own code, so a
+the age-category rule (docs/reference/rules.md) is computed by this module's own code, so a
 bug in the product's rule cannot hide itself.
 
 What is checked, against a `Baseline` taken before the fault:
@@ -14,12 +14,15 @@ What is checked, against a `Baseline` taken before the fault:
   write of DONE), at most 2 accepted POSTs per Idempotency-Key at the stub;
 - subscriptions all-or-nothing: EXPIRED ⇒ no enrollments, ACTIVE/FAILED ⇒ the
   enrollments it had;
-- beside other writers (CONTRACT §3): no row *stale* (not due, holding the result of a date of
+- beside other writers (docs/reference/tables.md): no row *stale* (not due, holding the result of a date of
   birth it no longer has); with the campaign's write log, every write of the product is the rule
   applied to the ciphertext the row held as it was written, and the triggers and events are those
   of the logged writes;
 - hostile rows: each kind's named outcome (`hostile_customer_outcomes`, `hostile_payment_outcomes`,
-  `expected_failures` for the counts a run must report).
+  `expected_failures` for the counts a run must report);
+- hostile declarations (faults/declarations.py): the team's tables hold only what the team's rule (`team_tier`,
+  written here) gives, and only where a run may write; a refused command changed nothing (`database_state`);
+  no canary (a row's value, the encryption key) is in any text the product keeps (`bookkeeping_texts`).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ import os
 import re
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from cryptography.exceptions import InvalidTag
@@ -71,7 +75,7 @@ def install_done_audit(conn: sa.Connection) -> None:
         conn.exec_driver_sql(statement)
 
 
-# --- CONTRACT §4 and §5, written here -----------------------------------------------
+# --- the ciphertext and the rule, written here -----------------------------------------------
 
 
 def decode_key(text: str) -> bytes:
@@ -99,7 +103,8 @@ def decrypt_dob(aead: AESGCM, customer_id: uuid.UUID, blob: bytes | None) -> str
 
 
 def encrypt_bytes(aead: AESGCM, customer_id: uuid.UUID, plain: bytes) -> bytes:
-    """CONTRACT §4 over any bytes (the product's own encoder takes ASCII text only)."""
+    """The encrypted date of birth (docs/reference/formats.md) over any bytes (the product's own encoder takes ASCII
+    text only)."""
     nonce = os.urandom(NONCE_BYTES)
     return nonce + aead.encrypt(nonce, plain, customer_id.bytes)
 
@@ -136,7 +141,7 @@ def rule(dob: date, run_date: date, rules: Sequence[tuple[str, int]]) -> Expecte
 
 def evaluate_row(aead: AESGCM, cid: uuid.UUID, blob: bytes | None, run_date: date,
                  rules: Sequence[tuple[str, int]]) -> Expected | str:
-    """The expected result, or the failure kind of a row that cannot be evaluated (CONTRACT §5)."""
+    """The expected result, or the failure kind of a row that cannot be evaluated (docs/reference/rules.md)."""
     if blob is None or len(blob) == 0:
         return "missing_data"
     plain = decrypt_bytes(aead, cid, bytes(blob))
@@ -195,7 +200,7 @@ class Edits:
 
     A row listed here may legitimately be left due (`pending`: its edit came after the run read it) and
     may hold the result of any of its dates of birth only while it is due; a row that is not due and holds
-    the result of a date of birth it no longer has is *stale* (CONTRACT §3).
+    the result of a date of birth it no longer has is *stale* (docs/reference/tables.md).
     """
 
     blobs: dict[uuid.UUID, list[bytes | None]] = field(default_factory=dict)
@@ -309,7 +314,8 @@ class Report:
 
 LOST_KINDS = {"wrong_category", "wrong_next_review", "uncomputed", "failed_row_not_due", "failed_row_category_changed",
               "missing_trigger", "missing_event", "payment_not_done", "subscription_not_expired",
-              "subscription_partial", "event_not_sent", "wrong_write", "failed_row_written"}
+              "subscription_partial", "event_not_sent", "wrong_write", "failed_row_written",
+              "team_row_written", "team_row_wrong", "team_row_uncomputed", "written_while_refused"}
 DUPLICATE_KINDS = {"duplicate_trigger", "duplicate_event", "trigger_without_transition", "event_without_transition",
                    "payment_done_twice", "payment_posts_over_limit"}
 STALE_KINDS = {"stale", "stale_write"}  # counted per row in Report.stale, apart from rows lost
@@ -562,7 +568,7 @@ def check_outbox_sent(conn: sa.Connection, sink_ids: Counter[int], lost_by_sink:
 
 @dataclass(frozen=True)
 class HostileRow:
-    """A row another service wrote with a hostile value: its kind, the outcome CONTRACT §5/§7 gives it
+    """A row another service wrote with a hostile value: its kind, the outcome the rule or the queue gives it
     (a failure kind, `computed` or `DONE`), the row, how it was written and the category it held."""
 
     kind: str
@@ -673,3 +679,166 @@ def hostile_payment_outcomes(conn: sa.Connection, rows: Sequence[HostileRow]) ->
             continue
         outcome.see(*hostile_payment_state(*state[row.cid]))
     return out
+
+
+# --- hostile declarations -------------------------------------------------------------------------
+
+
+TEAM_TIERS = ("BRONZE", "SILVER", "GOLD")
+TEAM_REVIEW = timedelta(days=30)
+TEAM_ROW_KINDS = ("team_row_written", "team_row_wrong", "team_row_uncomputed", "written_while_refused")
+"""Rows a run wrote that it should not have, or wrote wrong, or left uncomputed; anything a refused command wrote."""
+
+
+def team_tier(points: int, run_date: date) -> tuple[str, date]:
+    """The campaign's team rule, written here apart from the module its declaration names: (tier, review date)."""
+    return TEAM_TIERS[points % 3], run_date + TEAM_REVIEW
+
+
+@dataclass(frozen=True)
+class Account:
+    """A row of the campaign's team table `accounts` (points and code are its canaries, never shown)."""
+
+    status: str
+    points: int
+    tier: str | None
+    review: date | None
+
+
+def team_accounts(conn: sa.Connection) -> dict[uuid.UUID, Account]:
+    return {key: Account(status, points, tier, review) for key, status, points, tier, review in conn.exec_driver_sql(
+        "SELECT id, status, points, tier, tier_review_on FROM accounts")}
+
+
+def check_team_accounts(before: Mapping[uuid.UUID, Account], after: Mapping[uuid.UUID, Account], run_date: date, *,
+                        hostile: Callable[[int], bool] | None = None, complete: bool) -> Report:
+    """The team's table after a run: a row out of its scope (not OPEN) and a hostile row are as they were; every
+    other row is as it was or (all of them, when `complete`) the rule's. Examples name rows by key only."""
+    report = Report()
+    for key, row in after.items():
+        was = before.get(key)
+        kept = was is not None and (row.tier, row.review) == (was.tier, was.review)
+        if row.status != "OPEN" or (hostile is not None and hostile(row.points)):
+            if not kept:
+                what = "a hostile row" if row.status == "OPEN" else "a row out of scope (not OPEN)"
+                report.add("team_row_written", f"{what} {key} was written")
+            continue
+        if (row.tier, row.review) == team_tier(row.points, run_date):
+            report.info["team_rows_written" if not kept else "team_rows_already_right"] += 1
+        elif not kept:
+            report.add("team_row_wrong", f"{key} written {row.tier!r}, not the rule's tier")
+        elif complete:
+            report.add("team_row_uncomputed", f"{key} left as it was")
+        else:
+            report.info["team_rows_left"] += 1
+    return report
+
+
+def team_jobs(conn: sa.Connection) -> dict[int, tuple[str, int]]:
+    """The campaign's team queue `team_jobs`: id → (status, attempts)."""
+    return {jid: (status, attempts) for jid, status, attempts in conn.exec_driver_sql(
+        "SELECT id, status, attempts FROM team_jobs")}
+
+
+def check_team_jobs(jobs: Mapping[int, tuple[str, int]], *, hostile: Callable[[int], bool] | None = None,
+                    complete: bool) -> Report:
+    """The team's queue after a drain: a hostile job is never DONE (its handler never returned); with `complete`
+    (a drain that said SUCCESS) every other job is."""
+    report = Report()
+    for jid, (status, attempts) in jobs.items():
+        if hostile is not None and hostile(jid):
+            if status == "DONE":
+                report.add("team_row_written", f"job {jid} DONE although its handler never returned")
+            continue
+        if status != "DONE" and not complete:
+            report.info["team_jobs_left"] += 1
+        elif status != "DONE":
+            report.add("team_row_uncomputed", f"job {jid} {status} after {attempts} attempts")
+        else:
+            report.info["team_jobs_done"] += 1
+    return report
+
+
+def database_state(conn: sa.Connection) -> dict[str, str]:
+    """A digest of every table of the public schema and of its columns, indexes and triggers: what a refused
+    command must leave exactly as it was."""
+    state: dict[str, str] = {}
+    tables = [name for (name,) in conn.exec_driver_sql(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY 1")]
+    for name in tables:
+        state[name] = str(conn.exec_driver_sql(
+            f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {_quoted(name)} AS t"  # noqa: S608
+        ).scalar())
+    state["(columns, indexes, triggers)"] = str(conn.exec_driver_sql(
+        "SELECT md5(coalesce(string_agg(x, '|' ORDER BY x), '')) FROM ("
+        "SELECT c.relname || '.' || a.attname || ':' || format_type(a.atttypid, a.atttypmod) AS x "
+        "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND a.attnum > 0 AND NOT a.attisdropped "
+        "UNION ALL SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' "
+        "UNION ALL SELECT tgrelid::regclass::text || ':' || tgname FROM pg_trigger WHERE NOT tgisinternal) AS s"
+    ).scalar())
+    return state
+
+
+def _quoted(name: str) -> str:
+    """A table name read from the catalog, as an identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def changed_tables(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+
+
+def bookkeeping_texts(conn: sa.Connection) -> Iterator[tuple[str, str]]:
+    """(table, every row as text) of what the product keeps: its `ba_` tables and the outbox."""
+    names = [name for (name,) in conn.exec_driver_sql(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') "
+        "AND (left(c.relname, 3) = 'ba_' OR c.relname = 'outbox_events') ORDER BY 1")]
+    for name in names:
+        text = conn.exec_driver_sql(
+            f"SELECT coalesce(string_agg(t::text, chr(10)), '') FROM {_quoted(name)} AS t"  # noqa: S608
+        ).scalar()
+        yield name, str(text or "")
+
+
+_CODE = re.compile(r"zq[0-9a-f]{14}")
+_POINTS = re.compile(r"(?<![0-9])[0-9]{9}(?![0-9])")
+
+
+@dataclass(frozen=True)
+class Canaries:
+    """Values that may be nowhere but the team's table and the environment: each row's `code` (`zq` + 14 hex
+    digits) and `points` (9 digits), and the encryption key. `found` names what it found, never the value."""
+
+    codes: frozenset[str]
+    points: frozenset[str]
+    key: str
+
+    @staticmethod
+    def code(rng: Any) -> str:
+        return "zq" + "".join(rng.choice("0123456789abcdef") for _ in range(14))
+
+    def found(self, text: str) -> list[str]:
+        what = []
+        if self.key and self.key in text:
+            what.append("the encryption key")
+        if any(m in self.codes for m in _CODE.findall(text)):
+            what.append("a row's value (code)")
+        if any(m in self.points for m in _POINTS.findall(text)):
+            what.append("a row's value (points)")
+        return what
+
+
+@dataclass
+class DeclarationOutcome:
+    """What one hostile declaration came to: the outcome expected, each command's, the problems (if any)."""
+
+    case: str
+    title: str
+    component: str
+    expected: str
+    known: str = ""
+    observed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)

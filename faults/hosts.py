@@ -1,4 +1,4 @@
-"""Several hosts on one machine (issue 20): a rig anyone can run as root, `make hosts` / `python -m faults.hosts`.
+"""Several hosts on one machine: a rig anyone can run as root, `make hosts` / `python -m faults.hosts`.
 
 Each test host is a network namespace (`ip netns`) joined to the machine by a veth pair on a private
 subnet (10.231.<n>.0/24: the machine's end .1, the host's .2, the host's default route via .1), with a pid,

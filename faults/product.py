@@ -51,7 +51,7 @@ class CliResult:
 
     @property
     def summary(self) -> dict[str, Any] | None:
-        """The JSON object on the last non-empty line of stdout (CONTRACT §2), or None."""
+        """The JSON object on the last non-empty line of stdout (docs/reference/cli.md), or None."""
         lines = [line for line in self.stdout.splitlines() if line.strip()]
         if not lines:
             return None

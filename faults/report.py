@@ -34,7 +34,7 @@ def _outcome(results: list[FaultResult]) -> str:
 def fault_table(results: list[FaultResult]) -> list[str]:
     groups: OrderedDict[str, list[FaultResult]] = OrderedDict()
     for r in results:
-        groups.setdefault(r.spec.label, []).append(r)
+        groups.setdefault(r.spec.group, []).append(r)
     lines = ["| fault | runs | outcome | rows lost | stale | duplicates | recovery time |",
              "|---|---:|---|---:|---:|---:|---:|"]
     for label, rs in groups.items():
@@ -47,7 +47,7 @@ def fault_table(results: list[FaultResult]) -> list[str]:
 
 
 def hostile_table(results: list[FaultResult]) -> list[str]:
-    """One line per hostile row kind: what CONTRACT §5/§7 says it becomes, what each fault saw."""
+    """One line per hostile row kind: what the rule or the queue says it becomes, what each fault saw."""
     kinds: OrderedDict[tuple[str, str], list[tuple[FaultResult, checker.HostileOutcome]]] = OrderedDict()
     for r in results:
         family = "payment" if r.spec.job == "queue" else "customer"
@@ -66,6 +66,31 @@ def hostile_table(results: list[FaultResult]) -> list[str]:
         shown = kind.replace("|", "\\|")
         lines.append(f"| {family} | {shown} | {EXPECTED.get(seen[0][1].expected, seen[0][1].expected)} | {text} | "
                      f"{len(seen)} | {verdict} |")
+    return lines
+
+
+def declarations_table(results: list[FaultResult]) -> list[str]:
+    """One line per hostile declaration: what the author wrote, the outcome expected, each command's."""
+    ran = [r for r in results if r.declaration is not None]
+    if not ran:
+        return ["No hostile declaration ran in this campaign."]
+    lines = ["| declaration (what the author wrote) | job | expected | observed (then the valid declaration) | "
+             "wrong rows | leaks | verdict |", "|---|---|---|---|---:|---:|---|"]
+    for r in ran:
+        d = r.declaration
+        assert d is not None
+        wrong = sum(n for k, n in r.report.violations.items() if k in checker.TEAM_ROW_KINDS)
+        leaks = r.report.violations.get("canary_leak", 0)
+        if r.outcome == "known failure":
+            verdict = f"**known failure**: {d.known}"
+        elif r.outcome == "pass":
+            verdict = "pass"
+        else:
+            verdict = f"**{r.outcome}**" + (f": {r.report.describe()[:300]}" if not r.report.ok else "")
+        then = "SUCCESS" if r.recovered else "**no SUCCESS**"
+        cells = [d.title, d.component, d.expected, "; ".join(d.observed) + f" (then: {then})", f"{wrong:,}",
+                 f"{leaks:,}", verdict]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return lines
 
 
@@ -152,6 +177,7 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
     results = c.results
     injected = [r for r in results if r.injected]
     passed = sum(1 for r in results if r.outcome == "pass")
+    known = sum(1 for r in results if r.outcome == "known failure")
     out = [
         "# Reliability: the fault campaign",
         "",
@@ -159,8 +185,8 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         "server (initdb + pg_ctl in a temp dir), a Redis and a limits-service stub, drives the product only",
         "through `batch-assets` processes, injects each fault at a seeded point of a real run (progress-based:",
         "it polls the rows written), then runs the same command again until it ends SUCCESS (exit 75 = wait for",
-        "the lock) and checks invariants with code of its own (faults/checker.py decrypts per CONTRACT §4 and",
-        "computes the rule per CONTRACT §5; it does not import the engine):",
+        "the lock) and checks invariants with code of its own (faults/checker.py decrypts the dates of birth and",
+        "computes the rule itself; it does not import the engine):",
         "",
         "- every ACTIVE row equals the rule for the run date; a row that cannot be evaluated stays due;",
         "- no row stale after another service edited it during a run; each write the rule of what the row held;",
@@ -177,7 +203,8 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         f"{c.sizes.subscriptions:,} subscriptions, {c.sizes.payments:,} payments per fault",
         f"- PostgreSQL binaries: `{c.pg.bindir}`; Redis: {'yes' if c.redis else 'absent (lock-store faults skipped)'}"
         f"; brokers: {', '.join(c.brokers()) or 'none (broker faults skipped)'}",
-        f"- {len(results)} faults planned, {len(injected)} injected, {passed} passed; rows lost "
+        f"- {len(results)} faults planned, {len(injected)} injected, {passed} passed"
+        f"{f', {known} known failure(s) (reported below)' if known else ''}; rows lost "
         f"{sum(r.report.rows_lost for r in injected):,}, stale {sum(r.report.stale for r in injected):,}, "
         f"duplicates {sum(r.report.duplicates for r in injected):,}; "
         f"campaign took {duration_s / 60:.1f} min; result: **{'FAIL' if failed else 'PASS'}**",
@@ -192,6 +219,25 @@ def render(c: Campaign, *, command: str, duration_s: float, failed: bool) -> str
         "fault point: it is not a pass.",
         "",
         *fault_table(results),
+        "",
+        "## Hostile declarations",
+        "",
+        "Each case is the campaign's valid declaration (a sweep over a team table `accounts`, 240 OPEN rows, 20",
+        "CLOSED and one whose status is the encryption key's text; or a queue over `team_jobs`) changed in one way,",
+        "under `BATCH_ASSETS_DEFS_DIR`, and the CLI run against it as an operator would: `db migrate`, `jobs list`,",
+        "then `jobs run NAME --set mode=full` (a sweep) or `queue work --queue NAME --drain` (a queue)",
+        "(faults/declarations.py). A declaration that cannot work must get exit 2 and one stderr line naming the",
+        "file and the attribute from every command that would act on it, and nothing written: a digest of every",
+        "table, column, index and trigger is taken before and after each command. A row-level case must run: its",
+        "hostile rows (10 %) counted under the named kind and left as they were, every other row the team's rule",
+        "(computed by faults/checker.py), a SUCCESS counting exactly the hostile rows. `wrong rows` counts rows",
+        "written that must not be, written wrong or left uncomputed, and anything a refused command wrote. `leaks`",
+        "counts the places a canary was found: every row's `code` and 9-digit `points` (both `sensitive`) and the",
+        "encryption key, searched in every command's stdout and stderr, every `ba_` table and the outbox, and every",
+        "file of the Dagster instance the case changed (run and event-log storage row by row, compute logs, step",
+        "outputs). Then the valid declaration takes its place and must succeed over the same table.",
+        "",
+        *declarations_table(results),
         "",
         "## Writers beside the jobs",
         "",

@@ -285,7 +285,7 @@ class RedisServer:
 
 
 class LimitsStub:
-    """The limits service of CONTRACT §7 on a local port, with a mode the campaign switches.
+    """The payments' limits service (docs/guide/payment-queue.md) on a local port, with a mode the campaign switches.
 
     Modes: `ok` (200), `down` (nothing listens: connection refused), `hang` (holds the
     request for `hang_s`, then 200: the client times out first), `flaky` (503 with

@@ -1,10 +1,10 @@
-"""The other services of CONTRACT §3: connections of the campaign's own that write the product's tables
-while its jobs run.
+"""The other services beside the jobs (docs/reference/tables.md): connections of the campaign's own that write
+the product's tables while its jobs run.
 
 - `DobEditor`: rewrites `customers.encrypted_dob` of random rows to valid ciphertexts of other dates
-  (CONTRACT §4, encrypted here), at a steady rate, on one connection of its own, in a thread.
+  (encrypted here, as docs/reference/formats.md says), at a steady rate, on one connection of its own, in a thread.
 - `inject_hostile_customers` / `inject_hostile_payments`: rows of every hostile kind a writer may
-  store (CONTRACT §3, §5), inserted or written over settled rows.
+  store, inserted or written over settled rows.
 
 Dates written here are never printed: the report names kinds and categories only.
 """
@@ -85,7 +85,7 @@ class DobEditor(threading.Thread):
 
 # --- hostile rows -------------------------------------------------------------------------
 
-# (name shown in the report, the outcome CONTRACT §5 gives it, the plaintext or a builder of the blob)
+# (name shown in the report, the outcome the rule gives it, the plaintext or a builder of the blob)
 # A builder gets (aead, customer id, run date, a ciphertext of another row).
 Builder = Callable[[AESGCM, uuid.UUID, date, bytes], bytes | None]
 
@@ -122,7 +122,7 @@ HOSTILE_CUSTOMERS: tuple[tuple[str, str, Builder], ...] = (
     ("born on the run date (valid: age 0)", "computed",
      lambda aead, cid, rd, donor: checker.encrypt_bytes(aead, cid, rd.isoformat().encode())),
 )
-"""Every hostile `encrypted_dob` (issue 15, point 2, plus the campaign's own)."""
+"""Every hostile `encrypted_dob` a writer may store, and the campaign's own."""
 
 VARIANTS = {
     "new": "inserted, never computed",
@@ -190,7 +190,7 @@ HOSTILE_PAYMENTS: tuple[tuple[str, str, int, float | None, dict[str, int]], ...]
     ("NEW, amount_cents 2^63-1", "NEW", 0, None, {"amount_cents": 2**63 - 1}),
     ("NEW, next_attempt_at in 2000", "NEW", 0, None, {"long_ago": 1}),
 )
-"""Every hostile payment row (issue 15, point 2, plus the campaign's own); CONTRACT §3 and §7."""
+"""Every hostile payment row a writer may store, and the campaign's own (docs/guide/payment-queue.md)."""
 PAYMENTS_PER_KIND = 2
 
 INSERT_PAYMENT_SQL = (

@@ -9,8 +9,8 @@ columns and returns a mapping of exactly the `writes` columns:
 * `RowFailure(kind)` is the row's own failure: `failed_by_type[kind]`, not systemic, nothing written (with
   `due`, the row stays due); a kind that is not a short lower-case word of letters and `_` (or not a str) is
   counted under `invalid_failure_kind` instead, and its text is never shown;
-* any other exception, or a result that is not a mapping of exactly the `writes` columns, is `compute_error`,
-  systemic (it feeds the breaker);
+* any other exception (`SystemExit` included), or a result that is not a mapping of exactly the `writes` columns,
+  is `compute_error`, systemic (it feeds the breaker);
 * a result whose value does not fit its column's type (an int for a text column, a str for an integer column, a
   datetime for a date column, ...) is `invalid_result`, systemic: never cast on the way in (`Column.python_types`);
 * a result equal to what is stored is not written;

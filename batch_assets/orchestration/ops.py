@@ -104,8 +104,8 @@ def summary_metadata(summary: Mapping[str, Any]) -> dict[str, Any]:
     (`SUMMARY_KEY`)."""
     metadata: dict[str, Any] = {}
     for key, value in summary.items():
-        if key == "failed_by_type" and isinstance(value, Mapping):
-            metadata["failed_by_type"] = failed_by_type_table(value)
+        if key in ("failed_by_type", "retried_by_type") and isinstance(value, Mapping):
+            metadata[key] = failed_by_type_table(value)
         elif isinstance(value, bool) or value is None:
             metadata[key] = dg.MetadataValue.text(str(value))
         elif isinstance(value, int | float):

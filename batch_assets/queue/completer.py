@@ -89,4 +89,5 @@ class Completer:
                 result.released += 1
             else:
                 result.retried += 1
+                result.retried_by_type[error_type or "unknown"] += 1
         result.lost_claims += len(sent) - matched

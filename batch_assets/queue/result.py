@@ -20,6 +20,9 @@ class QueueResult:
     lost_claims: int = 0  # fenced writes that matched 0 rows (another worker owns the row now)
     released: int = 0  # claimed but never called (stop, open breaker): given back, attempt undone
     failed_by_type: Counter[str] = field(default_factory=Counter)
+    # The transient failures this run wrote back (retried), by kind: handler_<ExceptionType>, handler_timeout,
+    # retry_after, ... A row that fails every attempt shows here until its last one counts it in failed_by_type.
+    retried_by_type: Counter[str] = field(default_factory=Counter)
     duration_s: float = 0.0
     dlq_size: int | None = None
     stopped_by: str = ""  # drained | stop | max_seconds | error
@@ -51,6 +54,7 @@ class QueueResult:
             "failed_by_type": dict(sorted(self.failed_by_type.items())),
             "duration_s": round(self.duration_s, 3),
             "retried": self.retried,
+            "retried_by_type": dict(sorted(self.retried_by_type.items())),
             "lost_claims": self.lost_claims,
             "released": self.released,
             "dlq_size": self.dlq_size,

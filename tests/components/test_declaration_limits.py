@@ -170,14 +170,50 @@ def test_a_failure_kind_made_of_values_is_counted_under_invalid_failure_kind(
     assert summary is not None
     assert {k: v for k, v in summary["failed_by_type"].items() if v} == {"invalid_failure_kind": 999,
                                                                         "missing_points": 1}, summary
+    texts = run_texts(result, accounts)
+    value = re.compile(r"(?<![A-Za-z0-9_])p\d+(?![A-Za-z0-9_])")
+    for where, text in texts.items():
+        assert not value.search(text), (where, value.search(text))
+    assert "invalid_failure_kind" in texts["ba_run_history"]
+
+
+def run_texts(result: CliResult, accounts: sa.Engine) -> dict[str, str]:
+    """What a run leaves as text outside the Dagster instance: its output, run history and checkpoints."""
     with accounts.connect() as conn:
         history = conn.execute(sa.text("SELECT string_agg(h::text, ' ') FROM ba_run_history AS h")).scalar_one()
         checkpoints = conn.execute(sa.text("SELECT string_agg(c::text, ' ') FROM ba_checkpoints AS c")).scalar_one()
-    value = re.compile(r"(?<![A-Za-z0-9_])p\d+(?![A-Za-z0-9_])")
-    for where, text in (("stdout", result.stdout), ("stderr", result.stderr), ("ba_run_history", history or ""),
-                        ("ba_checkpoints", checkpoints or "")):
-        assert not value.search(text), (where, value.search(text))
-    assert "invalid_failure_kind" in (history or "")
+    return {"stdout": result.stdout, "stderr": result.stderr, "ba_run_history": history or "",
+            "ba_checkpoints": checkpoints or ""}
+
+
+def test_a_compute_that_exits_is_a_compute_error_and_shows_no_value(
+    env: dict[str, str], defs_dir: Path, accounts: sa.Engine
+) -> None:
+    """`raise SystemExit(f"v={points}")` on 100 of the 1,000 rows: counted `compute_error` like any other defect of
+    the function (10 %: under the breaker's ratio, so the run ends SUCCESS with the 899 others written), never ends
+    the range's step, and no value is anywhere the run leaves text: stdout, stderr, run history, checkpoints and
+    the Dagster instance (event log and compute logs)."""
+    (defs_dir / "loyalty" / "exits.py").write_text(
+        "import tiers\n\n\n"
+        "def compute(row, run_date):\n"
+        "    if row['points'] is not None and row['points'] % 10 == 0:\n"
+        "        raise SystemExit(f\"v={row['points']}\")\n"
+        "    return tiers.compute(row, run_date)\n")
+    edit(defs_dir, "compute: tiers:compute", "compute: exits:compute")
+    result = run_cli(env, *FULL)
+    assert result.returncode == EXIT_OK, result.describe()
+    summary = result.summary
+    assert summary is not None
+    assert {k: v for k, v in summary["failed_by_type"].items() if v} == {"compute_error": 100,
+                                                                        "missing_points": 1}, summary
+    assert summary["changed"] == 899, summary
+    for where, text in run_texts(result, accounts).items():
+        assert not re.search(r"v=[0-9]", text), where
+    instance = Path(env["BATCH_ASSETS_HOME"])
+    files = [path for path in instance.rglob("*") if path.is_file()]
+    assert any(path.suffix == ".db" for path in files), "the run's event log is under BATCH_ASSETS_HOME"
+    for path in files:
+        assert not re.search(rb"v=[0-9]", path.read_bytes()), path
 
 
 # --- the command line ----------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import Counter
+from dataclasses import replace
 from datetime import date
 
 import pytest
@@ -394,3 +395,192 @@ def test_report_tables_show_stale_rows_and_each_hostile_kind() -> None:
     assert line.startswith("| customer | ' 990-01-01' | counted as `invalid_value`")
     assert "due, category kept (new); NOT due, category None -> SENIOR (new)" in line
     assert line.endswith("| 2 | **FAIL** |") and second.outcome == "FAIL" and first.outcome == "FAIL"
+
+
+# --- hostile declarations ------------------------------------------------------------------------------------------
+
+
+def _team(engine: sa.Engine, key_text: str) -> checker.Canaries:
+    import random
+
+    from faults.declarations import create_team_tables
+
+    return create_team_tables(engine, random.Random(7), key_text, owner=None)
+
+
+def _accounts(engine: sa.Engine) -> dict[uuid.UUID, checker.Account]:
+    with engine.connect() as conn:
+        return checker.team_accounts(conn)
+
+
+def test_team_rows_a_run_must_not_write_are_seen(engine: sa.Engine, key_text: str) -> None:
+    """Out of scope (CLOSED, or the row whose status is the key's text) and hostile rows must stay as they were; the
+    others are the rule's, or (a run that did not finish) as they were."""
+    _team(engine, key_text)
+    before = _accounts(engine)
+    rows = sorted(before.items(), key=lambda kv: str(kv[0]))
+    open_rows = [(k, a) for k, a in rows if a.status == "OPEN"]
+    hostile = {k for k, a in open_rows if a.points % 10 == 0}
+    trap = next(k for k, a in rows if a.status == key_text)
+    with engine.begin() as conn:
+        for k, a in open_rows:
+            if k not in hostile:
+                tier, review = checker.team_tier(a.points, RUN_DATE)
+                conn.execute(sa.text("UPDATE accounts SET tier = :t, tier_review_on = :r WHERE id = :k"),
+                             {"t": tier, "r": review, "k": k})
+    after = _accounts(engine)
+    clean = checker.check_team_accounts(before, after, RUN_DATE, hostile=lambda p: p % 10 == 0, complete=True)
+    assert clean.ok and clean.info["team_rows_written"] == len(open_rows) - len(hostile), clean.describe()
+    assert not checker.check_team_accounts(before, after, RUN_DATE, complete=True).ok, "hostile rows left: uncomputed"
+    wrong_key = next(k for k, _ in open_rows if k not in hostile)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE accounts SET tier = 'PWNED' WHERE id = ANY(:ids)"),
+                     {"ids": [trap, next(iter(hostile)), wrong_key]})
+    report = checker.check_team_accounts(before, _accounts(engine), RUN_DATE, hostile=lambda p: p % 10 == 0,
+                                         complete=False)
+    assert report.violations == Counter({"team_row_written": 2, "team_row_wrong": 1}), report.describe()
+    assert key_text not in report.describe(), "a row is named by its key, never by its values"
+
+
+def test_a_refused_command_that_wrote_anything_is_seen(engine: sa.Engine, key_text: str) -> None:
+    """database_state changes with a row of any table and with a trigger installed on a team's table."""
+    _team(engine, key_text)
+    with engine.connect() as conn:
+        first = checker.database_state(conn)
+        assert checker.changed_tables(first, checker.database_state(conn)) == []
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO ba_job_locks (name, owner, lock_until) "
+                             "VALUES ('team_tier', 'x', now())")
+    with engine.connect() as conn:
+        second = checker.database_state(conn)
+    assert checker.changed_tables(first, second) == ["ba_job_locks"]
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE FUNCTION team_wake() RETURNS trigger LANGUAGE plpgsql AS "
+                             "$$ BEGIN RETURN NEW; END $$")
+        conn.exec_driver_sql("CREATE TRIGGER team_wake AFTER INSERT ON team_jobs FOR EACH ROW "
+                             "EXECUTE FUNCTION team_wake()")
+    with engine.connect() as conn:
+        assert checker.changed_tables(second, checker.database_state(conn)) == ["(columns, indexes, triggers)"]
+
+
+def test_canaries_are_found_in_the_products_tables_and_never_shown(engine: sa.Engine, key_text: str) -> None:
+    """A row's code, a row's points and the key are found wherever they stand (inside other words too); the finding
+    names what it found, never the value."""
+    canaries = _team(engine, key_text)
+    code, points = sorted(canaries.codes)[0], sorted(canaries.points)[0]
+    assert canaries.found("run 1a2b3c4d, 123456789012 rows, duration 0.123456789 s") == []
+    found = canaries.found(f'{{"error": "SystemExit: v={code}", "kind": "p{points}", "x": "{key_text}"}}')
+    assert found == ["the encryption key", "a row's value (code)", "a row's value (points)"]
+    assert not any(value in " ".join(found) for value in (code, points, key_text))
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO outbox_events (aggregate_id, event_type, payload) "
+                             "VALUES (gen_random_uuid(), 'team_tier_changed', CAST(:p AS jsonb))"),
+                     {"p": f'{{"key": "k", "old": {{"code": "{code}"}}}}'})
+        texts = dict(checker.bookkeeping_texts(conn))
+    assert {"ba_run_history", "ba_checkpoints", "outbox_events"} <= set(texts), sorted(texts)
+    assert canaries.found(texts["outbox_events"]) == ["a row's value (code)"]
+
+
+def test_instance_files_are_read_row_by_row_for_the_cases_runs(tmp_path) -> None:
+    """A SQLite event log is read row by row (a value is whole there whatever the pages), only the case's runs'
+    rows where a table has a run_id; other files as they are; files older than the case are left out."""
+    import os
+    import sqlite3
+    import time
+
+    from faults.declarations import instance_texts
+
+    runs = tmp_path / "dagster_home" / "history" / "runs"
+    runs.mkdir(parents=True)
+    index = sqlite3.connect(runs / "index.db")
+    index.execute("CREATE TABLE event_logs (id integer, run_id text, event text)")
+    index.execute("CREATE TABLE kvs (key text, value text)")
+    index.executemany("INSERT INTO event_logs VALUES (?, ?, ?)", [
+        (1, "mine", "SystemExit: v=" + "x" * 5000 + "zq0123456789abcd"), (2, "other", "zq00000000000000")])
+    index.execute("INSERT INTO kvs VALUES ('cursor', 'zq1111111111111a')")
+    index.commit()
+    index.close()
+    (tmp_path / "dagster_home" / "step.log").write_text("points 123456789")
+    old = tmp_path / "old.log"
+    old.write_text("zq2222222222222b")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    texts = dict(instance_texts(tmp_path, time.time() - 60, {"mine"}))
+    joined = "\n".join(texts.values())
+    assert "zq0123456789abcd" in joined and "zq1111111111111a" in joined and "123456789" in joined
+    assert "zq00000000000000" not in joined, "another run's rows"
+    assert "zq2222222222222b" not in joined, "a file the case did not change"
+
+
+def test_a_refusal_must_be_one_line_naming_the_file_and_the_attribute(tmp_path) -> None:
+    """Exit 2, one stderr line with the file and `: attribute:`, no run, nothing written; anything else is named."""
+    from faults.declarations import refusal_problems
+    from faults.product import CliResult
+
+    path = tmp_path / "team" / "defs.yaml"
+    line = f"error: {path}: where: closes a parenthesis it did not open\n"
+    good = CliResult(["jobs", "list"], 2, "", line, 1.0)
+    assert refusal_problems(good, "refused", path, "where", []) == []
+    assert refusal_problems(good, "refused", path, "key", []) == [
+        "the line does not name team/defs.yaml and `key`"]
+    assert refusal_problems(good, "refused", path, "where", ["accounts"]) == ["written: accounts"]
+    started = CliResult(["jobs", "run"], 1, '{"status": "FAILURE", "run_id": "r1"}\n', "Traceback\n  boom\n", 1.0)
+    assert refusal_problems(started, "refused", path, "where", []) == [
+        "exit 1, not 2", "2 stderr lines, not 1", "a run was started"]
+    field_line = CliResult(["jobs", "run"], 2, "", "error: mode: must be one of delta, full, got an object\n", 1.0)
+    assert refusal_problems(field_line, "field", path, "mode", []) == []
+    assert refusal_problems(field_line, "field", path, "workers", []) == ["the line does not name `workers`"]
+
+
+def test_the_quick_campaign_draws_one_declaration_and_the_full_one_runs_them_all() -> None:
+    """faults-quick runs one hostile declaration drawn by the seed among those that must pass; `make faults` every
+    one; a known failure never passes unnoticed."""
+    import random
+
+    from faults.campaign import QUICK, FaultResult, FaultSpec, plan
+    from faults.declarations import CASES, CATALOGUE, QUICK_CASES
+
+    quick = [s for s in plan(QUICK, random.Random(5), quick=True, redis=True) if s.job == "decl"]
+    assert len(quick) == 1 and quick[0].mode in QUICK_CASES
+    drawn = {[s for s in plan(QUICK, random.Random(seed), quick=True, redis=True) if s.job == "decl"][0].mode
+             for seed in range(60)}
+    assert len(drawn) > len(QUICK_CASES) // 2
+    full = [s.mode for s in plan(QUICK, random.Random(5), quick=False, redis=True) if s.job == "decl"]
+    assert full == [c.name for c in CATALOGUE] and len(set(full)) == len(full)
+    # A case marked as a known failure (none is today): reported, never failing the campaign, until it passes.
+    known = replace(CASES["handler_exits"], known="the queue's worker ends on the handler's SystemExit")
+    res = FaultResult(FaultSpec("decl", "hostile_decl", known.name), seed=1, injected=True, recovered=True)
+    res.declaration = checker.DeclarationOutcome(known.name, known.title, known.component, known.expected,
+                                                 known=known.known)
+    res.report.add("canary_leak", "a row's value (code) in the output of `queue work`")
+    assert res.outcome == "known failure"
+    res.report = checker.Report()
+    res.report.add("known_failure_passes", "take its mark off")
+    assert res.outcome == "FAIL"
+
+
+def test_the_declarations_table_shows_wrong_rows_leaks_and_a_known_failure() -> None:
+    """One line per hostile declaration: wrong rows and leaks counted, FAIL with its violations, a known failure with
+    its reason; the fault table has one line for all of them."""
+    from faults.campaign import FaultResult, FaultSpec
+    from faults.declarations import CASES
+    from faults.report import declarations_table, fault_table
+
+    results = []
+    for name in ("where_breakout", "compute_exits", "handler_exits"):
+        case = CASES[name]
+        if name == "handler_exits":  # as a known failure (none is today), to show how one is reported
+            case = replace(case, known="the queue's KwargsHandler catches Exception only")
+        res = FaultResult(FaultSpec("decl", "hostile_decl", name), seed=1, injected=True, recovered=True)
+        res.declaration = checker.DeclarationOutcome(name, case.title, case.component, case.expected, known=case.known)
+        res.declaration.observed.append("jobs run: exit 2, one line naming `where`")
+        results.append(res)
+    results[1].report.add("team_row_written", "a hostile row 1 was written")
+    results[1].report.add("canary_leak", "a row's value (code) in the output of `jobs run`")
+    results[2].report.add("canary_leak", "a row's value (code) in the output of `queue work`")
+    lines = declarations_table(results)
+    assert lines[2].endswith("| 0 | 0 | pass |"), lines[2]
+    assert "| 1 | 1 | **FAIL**: canary_leak=1" in lines[3], lines[3]
+    assert "| 0 | 1 | **known failure**: the queue's KwargsHandler" in lines[4], lines[4]
+    table = fault_table(results)
+    assert len(table) == 3 and table[2].startswith("| hostile declaration · a team's declared job"), table
+    assert "| 3 | pass 1, FAIL (wrong rows+leaks) 1, known failure 1 | 1 |" in table[2], table[2]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -37,9 +39,10 @@ def _rows(engine: sa.Engine) -> list[sa.Row]:
         return conn.execute(sa.text("SELECT * FROM payments ORDER BY id")).all()
 
 
-def _work_until_settled(engine: sa.Engine, settings: QueueSettings, handler: HttpLimitsHandler) -> dict[str, int]:
+def _work_until_settled(engine: sa.Engine, settings: QueueSettings, handler: HttpLimitsHandler) -> dict[str, Any]:
     """Run the worker (making backed-off rows due between runs) until nothing is NEW or PROCESSING."""
-    totals = {"claimed": 0, "done": 0, "retried": 0, "failed": 0, "lost_claims": 0}
+    totals: dict[str, Any] = {"claimed": 0, "done": 0, "retried": 0, "failed": 0, "lost_claims": 0,
+                              "retried_by_type": Counter(), "failed_by_type": Counter()}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with engine.begin() as conn:
@@ -106,6 +109,8 @@ def test_retriable_status_retries_then_fails_at_max_attempts(
     assert (row.status, row.attempts) == ("FAILED", 3)
     assert f"HTTP {status}" in row.last_error
     assert (totals["retried"], totals["failed"]) == (2, 1)
+    kind = f"http_{status}"  # each transient attempt counted under its kind, the last one as the row's failure
+    assert (totals["retried_by_type"], totals["failed_by_type"]) == ({kind: 2}, {kind: 1})
     assert limits.keys == [str(row.id)] * 3
 
 

@@ -212,3 +212,24 @@ def test_infinite_times_neither_crash_the_worker_nor_stats_and_are_counted(engin
     assert (after["never_due"], after["due"], after["oldest_due_s"]) == (2, 0, 0), after
     [item] = queue.dlq_list(engine)
     assert (item["id"], item["created_at"], item["processed_at"]) == (listed, None, None)
+
+
+def test_a_handler_that_exits_is_a_transient_failure_counted_by_kind(engine: sa.Engine, db_url: str) -> None:
+    """`sys.exit(...)` in a team's handler (SystemExit, a BaseException) ends neither the worker nor the run: the row
+    is retried later with the handler's text as its last_error, and the run counts it under `handler_SystemExit`
+    in retried_by_type; the other rows are DONE."""
+    ids = _insert(db_url, [{"amount_cents": 100 + i} for i in range(6)])
+    exiting = {str(ids[1]), str(ids[4])}
+
+    def handler_fn(*, payment_id: str, amount_cents: int, attempts: int) -> None:
+        if payment_id in exiting:
+            raise SystemExit(f"cents={amount_cents}")
+
+    result = run_worker(engine, QueueSettings(max_attempts=3, batch_size=10),
+                        handler=PluginHandler(handler_fn, concurrency=2))
+    assert (result.status, result.done, result.retried, result.failed) == ("SUCCESS", 4, 2, 0), result
+    assert result.retried_by_type == {"handler_SystemExit": 2} and not result.failed_by_type
+    assert result.to_summary("r")["retried_by_type"] == {"handler_SystemExit": 2}
+    rows = _rows(engine)
+    assert sorted((rows[i].status, rows[i].attempts) for i in ids) == [("DONE", 1)] * 4 + [("NEW", 1)] * 2
+    assert rows[ids[1]].last_error == "SystemExit: cents=101"
