@@ -20,7 +20,7 @@ class QueueResult:
     lost_claims: int = 0  # fenced writes that matched 0 rows (another worker owns the row now)
     released: int = 0  # claimed but never called (stop, open breaker): given back, attempt undone
     failed_by_type: Counter[str] = field(default_factory=Counter)
-    # The transient failures this run wrote back (retried), by kind: handler_<ExceptionType>, handler_timeout,
+    # The transient failures this run wrote back (retried), by kind: handler_<ExceptionType>, timeout,
     # retry_after, ... A row that fails every attempt shows here until its last one counts it in failed_by_type.
     retried_by_type: Counter[str] = field(default_factory=Counter)
     duration_s: float = 0.0

@@ -106,3 +106,16 @@ def test_a_folder_name_that_is_no_declaration_name_gets_the_default(tmp_path: Pa
         project_root=None, params=None, append=True))
     documents = list(yaml.safe_load_all((target / "defs.yaml").read_text()))
     assert len(documents) == 2 and documents[0] == documents[1]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("type_name", sorted(COMPONENTS))
+def test_the_template_shows_every_attribute_of_the_component(tmp_path: Path, type_name: str) -> None:
+    """The scaffolders' templates, written without dg: an attribute added to a component and not to its template
+    (call_timeout_s was) fails here, in the quick suite, not only where dg runs."""
+    from batch_assets.orchestration.components.scaffold import TableQueueScaffolder
+
+    scaffolder = SweepScaffolder() if type_name.endswith("SweepComponent") else TableQueueScaffolder()
+    scaffolder.scaffold(dg.ScaffoldRequest(type_name=type_name, target_path=tmp_path, scaffold_format="yaml",
+                                           project_root=None, params=None))
+    check_template((tmp_path / "defs.yaml").read_text(), COMPONENTS[type_name])

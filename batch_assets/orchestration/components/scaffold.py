@@ -18,6 +18,7 @@ import dagster as dg
 import yaml
 
 from batch_assets.names import NAME_RE
+from batch_assets.settings_model import DEFAULT_CALL_TIMEOUT_S, MAX_CALL_TIMEOUT_S
 
 PLAIN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:]*")
 DATABASE_URL_TEMPLATE = "{{ env.BATCH_ASSETS_DATABASE_URL }}"
@@ -64,6 +65,9 @@ SWEEP_OPTIONAL = (
               "(default: the name)."),
     Attribute("source_asset_key", "public/my_table", "The key of the swept table's asset (default: schema/table, "
               "which every sweep over the table shares)."),
+    Attribute("call_timeout_s", int(DEFAULT_CALL_TIMEOUT_S),
+              f"The longest one compute call may take, in seconds (up to {MAX_CALL_TIMEOUT_S:g}); past it the row "
+              "counts as compute_timeout and its late result is never written."),
 )
 
 QUEUE_REQUIRED = (
@@ -89,6 +93,9 @@ QUEUE_OPTIONAL = (
     Attribute("claim_lease_s", 30, "Seconds a claimed row is held, renewed every third of it while held."),
     Attribute("priority", "priority", "A smallint or integer column: higher first, with aging (default: oldest "
               "due first)."),
+    Attribute("call_timeout_s", int(DEFAULT_CALL_TIMEOUT_S),
+              f"The longest one handler call may take, in seconds (up to {MAX_CALL_TIMEOUT_S:g}); past it the "
+              "attempt is a transient failure (counted as timeout)."),
 )
 
 
