@@ -14,15 +14,26 @@ from batch_assets.cli.common import (
 from batch_assets.db.engine import connected_engine
 from batch_assets.settings import Settings
 
+RELAY_JOB = "outbox_relay_job"
+
+NO_RELAY_HERE = ("this code location has no outbox relay: the relay sends this repository's outbox_events; in your "
+                 "own project a declared sweep's events stay in ba_outbox_events for your consumer "
+                 "(docs: guide/own-project#events)")
+"""The refusal in a team's own project, before any sink is built (a file sink would be a folder of the team's)."""
+
 
 def cmd_outbox_relay(args: argparse.Namespace, settings: Settings) -> int:
+    from batch_assets.errors import ConfigError
+    from batch_assets.orchestration.project import current
     from batch_assets.outbox.sinks import make_sink
     from batch_assets.settings import check_outbox_sink
 
+    if not any(RELAY_JOB in names for names in current().job_modules.values()):
+        raise ConfigError(NO_RELAY_HERE)
     # A sink whose client library is not installed is refused here (exit 2 naming the variable and the extra to
     # install), before a run starts; building the sink opens no connection.
     make_sink(settings.outbox_sink or check_outbox_sink(None, settings.home)).close()
-    spec = job_spec("outbox_relay_job")
+    spec = job_spec(RELAY_JOB)
     config, _ = build_config(
         spec.config, settings, batch_size=args.batch_size, follow=args.follow or None,
         follow_seconds=args.max_seconds,

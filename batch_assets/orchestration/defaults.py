@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class LocationDefaults:
+    """What a declaration takes from its code location: `REPOSITORY` (this repository's) or `TEAM` (a team's own)."""
+
     shared_resources: bool
     """Use the code location's resources (`database`, `job_lock`, ...) instead of the declaration's own."""
     embedded_fallback: bool

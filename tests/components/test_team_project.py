@@ -91,6 +91,15 @@ def test_the_cli_migrates_the_library_alone_and_runs_the_declarations_as_the_tea
     with team_db.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM orders WHERE risk IS NOT NULL").scalar_one() == 300
         assert conn.exec_driver_sql("SELECT count(*) FROM ba_outbox_events").scalar_one() == 300
+    # The relay sends this repository's outbox_events only: refused here in one line, before a sink (a file of the
+    # team's folder) is made, and the events stay PENDING for the team's consumer.
+    code, relayed, err = cli(project, env, "outbox", "relay")
+    assert code == 2 and relayed["status"] == "FAILURE", err
+    [line] = [text for text in err.splitlines() if text.startswith("error:")]
+    assert "no outbox relay" in line and "ba_outbox_events" in line and "Traceback" not in err
+    with team_db.connect() as conn:
+        assert conn.exec_driver_sql(
+            "SELECT count(*) FROM ba_outbox_events WHERE status = 'PENDING'").scalar_one() == 300
     assert {table: table_state(team_db, table) for table in THE_TEAMS_TABLES} == before
     assert instance_file.read_text(encoding="utf-8") == "telemetry:\n  enabled: false\n"
     with dg.DagsterInstance.from_config(str(home)) as instance:
