@@ -7,8 +7,8 @@ a compute thread of its own while the page's worker thread watches it: a call pa
 thread. A call left behind can never write: its result goes to a computation no one reads any more. Once the run
 gives up on its pages in flight (`abandon`: the drain timed out, the run stopped), no page of it writes any more.
 
-Failures are logged per row at DEBUG only; a page with systemic failures (compute defects, timeouts, failed row
-writes) logs one WARNING counting them by kind.
+Failures are logged per row at DEBUG only; pages with systemic failures (compute defects, timeouts, failed row
+writes) are told in a few WARNINGs per run counting them by kind (`systemic_log`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from batch_assets.engine.failures import COMPUTE_TIMEOUT
 from batch_assets.engine.result import INVALID_VALUE, PageCounts
 from batch_assets.engine.retry import PageNotDone, Retrier, discard
 from batch_assets.engine.settings import SweepSettings
+from batch_assets.engine.systemic_log import SystemicWarnings
 from batch_assets.shutdown import DaemonThreadPool
 
 log = logging.getLogger("batch_assets.sweep")
@@ -86,6 +87,7 @@ class PageWorker:
         self.guard = guard
         self.retrying = retrying
         self.describe_error = definition.describe_error
+        self.warnings = SystemicWarnings(definition.name)
         self.abandoned = threading.Event()
         """Set once the run no longer waits for its pages in flight: none of them writes any more."""
         bound = settings.call_timeout_s if settings.call_timeout_s is not None else definition.call_timeout_s
@@ -115,9 +117,7 @@ class PageWorker:
         if changed:
             self.write(changed, page)
         if page.systemic_by_type:
-            kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(page.systemic_by_type.items()))
-            log.warning("sweep %s: %d of %d rows of a page failed systemically (%s)", self.definition.name,
-                        page.systemic, page.scanned, kinds)
+            self.warnings.add(page)
         return page, time.monotonic() - started
 
     def abandon(self) -> None:
@@ -127,7 +127,9 @@ class PageWorker:
         self.abandoned.set()
 
     def close(self) -> None:
-        """The run ended: the compute threads end once idle (a call left behind ends on its own; it is a daemon)."""
+        """The run ended: the compute threads end once idle (a call left behind ends on its own; it is a daemon), and
+        the pages' systemic failures not yet told are."""
+        self.warnings.flush()
         if self.calls is not None:
             self.calls.shutdown(wait=False, cancel_futures=True)
 

@@ -6,6 +6,7 @@ failures are logged per row at DEBUG, with one WARNING per page."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from datetime import date
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from helpers import wait_for, write_module
 
+from batch_assets.engine import systemic_log
 from batch_assets.engine.definition import RunContext
 from batch_assets.engine.ranges import CursorRange
 from batch_assets.engine.result import SweepResult
@@ -99,9 +101,14 @@ def test_a_base_exception_of_compute_is_a_compute_error_of_its_row(accounts: sa.
     assert "points=" not in caplog.text, "an exception's own text may hold a value: only its type is logged"
 
 
-def test_one_warning_per_page_for_500_failing_rows(accounts: sa.Engine, functions: Path,
-                                                   caplog: pytest.LogCaptureFixture) -> None:
-    """500 rows whose compute raises: per-row lines at DEBUG only, one WARNING per page counting them by kind."""
+@pytest.mark.parametrize("every_s", [3600.0, 0.0])
+def test_500_failing_rows_are_told_in_a_few_warnings_that_count_them_all(
+        accounts: sa.Engine, functions: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+        every_s: float) -> None:
+    """500 rows whose compute raises: per-row lines at DEBUG only; the pages' WARNINGs count them by kind, the first
+    page at once and the others summed until WARN_EVERY_S has passed or the run ends (every page told on its own
+    when it is 0), and the counts of all the lines add up to the run's."""
+    monkeypatch.setattr(systemic_log, "WARN_EVERY_S", every_s)
     write_module(functions, "half", """
         def compute(row, run_date):
             if (row["points"] or 0) % 2 == 0:
@@ -116,5 +123,12 @@ def test_one_warning_per_page_for_500_failing_rows(accounts: sa.Engine, function
     per_row = [r for r in sweep_records if "compute raised ValueError" in r.getMessage()]
     assert len(per_row) == failed and {r.levelno for r in per_row} == {logging.DEBUG}
     warnings = [r.getMessage() for r in sweep_records if r.levelno >= logging.WARNING]
-    assert len(warnings) == result.pages, warnings
-    assert all("failed systemically (compute_error " in w for w in warnings), warnings
+    counts = [re.search(r": (\d+) of \d+ rows of (a page|(\d+) pages) failed systemically \(compute_error (\d+)\)$",
+                        w) for w in warnings]
+    assert all(counts), warnings
+    assert sum(int(m.group(1)) for m in counts) == failed
+    assert all(m.group(1) == m.group(4) for m in counts), warnings
+    if every_s:  # the first page, then the nine others in one line at the end of the run
+        assert [m.group(3) for m in counts] == [None, "9"], warnings
+    else:
+        assert len(warnings) == result.pages and all(m.group(2) == "a page" for m in counts), warnings
