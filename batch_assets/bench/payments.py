@@ -45,7 +45,14 @@ import psycopg
 
 from batch_assets.bench.payments_http import HTTP_CONCURRENCY, HTTP_LATENCY_S, http_stub_case
 from batch_assets.bench.payments_rate import run_rate_bench
-from batch_assets.bench.queue_harness import WORKER_PROCESSES, BenchRows, EndReport, conninfo_of, run_processes
+from batch_assets.bench.queue_harness import (
+    WORKER_PROCESSES,
+    BenchRows,
+    EndReport,
+    conninfo_of,
+    drain_process,
+    run_processes,
+)
 from batch_assets.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: a spawned bench process loads only what it runs
@@ -122,7 +129,7 @@ def run_queue_bench(
 
         say(f"queue bench: product, {payments:,} payments, no-op plug-in, {WORKER_PROCESSES} worker processes")
         rows.insert(payments)
-        product_s = run_processes(ctx, _product_process, url, ())
+        product_s = run_processes(ctx, drain_process, url, (_noop_setup,))
         done, total, max_attempts = rows.state()
         rows.delete()
 
@@ -199,23 +206,13 @@ def _floor_process(conninfo: str, ready: Barrier, out: Queue[EndReport], async_c
         out.put(f"{type(exc).__name__}: {exc}")
 
 
-def _product_process(url: str, ready: Barrier, out: Queue[EndReport]) -> None:
-    try:
-        from batch_assets.db.engine import create_engine
-        from batch_assets.reference.payments.declaration import PAYMENTS_QUEUE
-        from batch_assets.reference.payments.handler import load_plugin
-        from batch_assets.reference.payments.worker import run_worker
+def _noop_setup() -> tuple[Any, Any]:
+    """The declared payments queue (its QueueDeclaration's settings), the no-op plug-in as its handler."""
+    from batch_assets.reference.payments.declaration import PAYMENTS_QUEUE
+    from batch_assets.reference.payments.handler import load_plugin
 
-        engine = create_engine(url, pool_size=2)
-        # The declared payments queue (its QueueDeclaration's settings), the no-op plug-in as its handler.
-        settings = PAYMENTS_QUEUE.settings(concurrency=64, batch_size=100)
-        handler = load_plugin(NOOP_HANDLER, concurrency=settings.concurrency)
-        ready.wait(timeout=120)
-        run_worker(engine, settings, handler=handler, drain=True)
-        out.put(time.monotonic())
-        engine.dispose()
-    except BaseException as exc:  # reported to the parent, which raises
-        out.put(f"{type(exc).__name__}: {exc}")
+    settings = PAYMENTS_QUEUE.settings(concurrency=64, batch_size=100)
+    return settings, load_plugin(NOOP_HANDLER, concurrency=settings.concurrency)
 
 
 class _StampHandler:

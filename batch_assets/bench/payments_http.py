@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from multiprocessing.context import SpawnContext
 from multiprocessing.queues import Queue
-from multiprocessing.synchronize import Barrier, Event
+from multiprocessing.synchronize import Event
+from typing import Any
 
-from batch_assets.bench.queue_harness import EndReport
+from batch_assets.bench.queue_harness import EndReport, drain_process
 
 HTTP_LATENCY_S = 0.05
 HTTP_CONCURRENCY = 64
@@ -51,22 +53,13 @@ def _stub_process(port_out: Queue[int], stop: Event, latency_s: float) -> None:
     asyncio.run(serve())
 
 
-def _http_worker_process(url: str, ready: Barrier, out: Queue[EndReport], limits_url: str) -> None:
-    try:
-        from batch_assets.db.engine import create_engine
-        from batch_assets.queue.settings import QueueSettings
-        from batch_assets.reference.payments.handler import default_handler
-        from batch_assets.reference.payments.worker import run_worker
+def _http_setup(limits_url: str) -> tuple[Any, Any]:
+    """The default handler at HTTP_CONCURRENCY against the stub."""
+    from batch_assets.queue.settings import QueueSettings
+    from batch_assets.reference.payments.handler import default_handler
 
-        engine = create_engine(url, pool_size=2)
-        settings = QueueSettings(concurrency=HTTP_CONCURRENCY, http_timeout_s=5)
-        handler = default_handler(limits_url, settings.http_timeout_s, concurrency=settings.concurrency)
-        ready.wait(timeout=120)
-        run_worker(engine, settings, handler=handler, drain=True)
-        out.put(time.monotonic())
-        engine.dispose()
-    except BaseException as exc:  # reported to the parent, which raises
-        out.put(f"{type(exc).__name__}: {exc}")
+    settings = QueueSettings(concurrency=HTTP_CONCURRENCY, http_timeout_s=5)
+    return settings, default_handler(limits_url, settings.http_timeout_s, concurrency=settings.concurrency)
 
 
 def http_stub_case(ctx: SpawnContext, url: str) -> tuple[float, int]:
@@ -79,7 +72,8 @@ def http_stub_case(ctx: SpawnContext, url: str) -> tuple[float, int]:
         ready = ctx.Barrier(2)
         out: Queue[EndReport] = ctx.Queue()
         limits_url = f"http://127.0.0.1:{port}/limits"
-        proc = ctx.Process(target=_http_worker_process, args=(url, ready, out, limits_url), daemon=True)
+        proc = ctx.Process(target=drain_process, args=(url, ready, out, partial(_http_setup, limits_url)),
+                           daemon=True)
         proc.start()
         try:
             ready.wait(timeout=120)

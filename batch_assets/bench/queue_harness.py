@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Callable
 from multiprocessing.context import SpawnContext
 from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from typing import Any
 
 import psycopg
 
@@ -91,6 +93,23 @@ class BenchRows:
         with psycopg.connect(self.conninfo, autocommit=True) as conn:
             conn.execute("DELETE FROM payments WHERE id BETWEEN %(lo)s AND %(hi)s", {"lo": self.lo, "hi": self.hi})
             conn.execute("VACUUM (ANALYZE) payments")
+
+
+def drain_process(url: str, ready: Barrier, out: Queue[EndReport], setup: Callable[[], tuple[Any, Any]]) -> None:
+    """A bench worker process: the payments worker drains the queue with the settings and handler `setup()` builds
+    in this process, once `ready` releases it; its end time, or its error as text, goes to `out`."""
+    try:
+        from batch_assets.db.engine import create_engine
+        from batch_assets.reference.payments.worker import run_worker
+
+        engine = create_engine(url, pool_size=2)
+        settings, handler = setup()
+        ready.wait(timeout=120)
+        run_worker(engine, settings, handler=handler, drain=True)
+        out.put(time.monotonic())
+        engine.dispose()
+    except BaseException as exc:  # reported to the parent, which raises
+        out.put(f"{type(exc).__name__}: {exc}")
 
 
 def run_processes(ctx: SpawnContext, target: Callable[..., None], url: str, args: tuple[object, ...],

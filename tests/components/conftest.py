@@ -3,6 +3,7 @@ of the team's functions on sys.path (as BATCH_ASSETS_DEFS_DIR is)."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,3 +36,17 @@ def functions(tmp_path: Path) -> Iterator[Path]:
         sys.path.remove(str(folder))
         for name in [n for n, m in sys.modules.items() if str(folder) in str(getattr(m, "__file__", "") or "")]:
             del sys.modules[name]
+
+
+@pytest.fixture
+def defs_dir(tmp_path: Path) -> Path:
+    """A copy of the README example (defs.yaml + tiers.py) as the team's folder."""
+    folder = tmp_path / "team_defs" / "loyalty"
+    shutil.copytree(EXAMPLE, folder)
+    return folder.parent
+
+
+@pytest.fixture
+def env(cli_env: dict[str, str], defs_dir: Path, accounts: sa.Engine) -> dict[str, str]:
+    """The CLI's environment with the example's folder as BATCH_ASSETS_DEFS_DIR."""
+    return {**cli_env, "BATCH_ASSETS_DEFS_DIR": str(defs_dir)}

@@ -6,7 +6,6 @@ location, which loads the product's jobs whatever one broken declaration says.""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,19 +18,6 @@ from _cli import EXIT_OK, EXIT_USAGE, run_cli  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "loyalty"
 RUN_DATE = "2026-12-01"
-
-
-@pytest.fixture
-def defs_dir(tmp_path: Path) -> Path:
-    """A copy of the README example (defs.yaml + tiers.py) as the team's folder."""
-    folder = tmp_path / "team_defs" / "loyalty"
-    shutil.copytree(EXAMPLE, folder)
-    return folder.parent
-
-
-@pytest.fixture
-def env(cli_env: dict[str, str], defs_dir: Path, accounts: sa.Engine) -> dict[str, str]:
-    return {**cli_env, "BATCH_ASSETS_DEFS_DIR": str(defs_dir)}
 
 
 def summary_of(result: Any) -> dict[str, Any]:

@@ -22,18 +22,6 @@ RUN_DATE = "2026-12-01"
 FULL = ("jobs", "run", "loyalty_tier", "--set", "mode=full", "--set", f"run_date={RUN_DATE}")
 
 
-@pytest.fixture
-def defs_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "team_defs" / "loyalty"
-    shutil.copytree(EXAMPLE, folder)
-    return folder.parent
-
-
-@pytest.fixture
-def env(cli_env: dict[str, str], defs_dir: Path, accounts: sa.Engine) -> dict[str, str]:
-    return {**cli_env, "BATCH_ASSETS_DEFS_DIR": str(defs_dir)}
-
-
 def edit(defs_dir: Path, old: str, new: str) -> Path:
     path = defs_dir / "loyalty" / "defs.yaml"
     text = path.read_text()
@@ -271,7 +259,6 @@ def test_compute_results_are_never_cast_into_their_column(env: dict[str, str], d
     assert summary is not None and summary["failed_by_type"].get("invalid_result") == 1000, result.describe()
     assert summary["changed"] == 0
     assert counts(accounts)[0] == 0, "nothing written: no tier stored as '7'"
-
 
 
 # --- in a team's own Dagster project -------------------------------------------------------------------------------

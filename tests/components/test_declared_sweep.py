@@ -47,6 +47,23 @@ def component(**overrides: Any) -> SweepComponent:
     return SweepComponent.from_attributes_dict(attributes={**LOYALTY, **overrides})
 
 
+def write_meddling(functions: Path, name: str, url: str, edits: dict[str, str], tier: str) -> None:
+    """A compute module `name` that, for each row whose id is a key of `edits`, runs that statement (`:id` bound to
+    the row's id) on another connection before returning its result: the row changes between read and write."""
+    write_module(functions, name, f"""
+        import sqlalchemy as sa
+        _engine = sa.create_engine({url!r}, poolclass=sa.pool.NullPool)
+        EDITS = {edits!r}
+
+        def compute(row, run_date):
+            edit = EDITS.get(str(row["id"]))
+            if edit:
+                with _engine.begin() as conn:
+                    conn.execute(sa.text(edit), {{"id": row["id"]}})
+            return {{"tier": {tier!r}, "tier_review_on": run_date}}
+    """)
+
+
 def sweep(engine: sa.Engine, declared: SweepComponent, mode: str = "full", *, run_date: date = RUN_DATE,
           cursor_range: CursorRange | None = None, **settings: Any) -> SweepResult:
     target = declared.target(engine)
@@ -114,19 +131,9 @@ def test_another_connection_edits_rows_while_the_sweep_runs(accounts: sa.Engine,
     with accounts.connect() as conn:
         victims = [str(v) for v in conn.execute(sa.text(
             "SELECT id FROM accounts WHERE status = 'OPEN' AND points IS NOT NULL ORDER BY id LIMIT 2")).scalars()]
-    write_module(functions, "meddling", f"""
-        import sqlalchemy as sa
-        _engine = sa.create_engine({url!r}, poolclass=sa.pool.NullPool)
-        EDITS = {{{victims[0]!r}: "UPDATE accounts SET points = points + 1 WHERE id = :id",
-                  {victims[1]!r}: "UPDATE accounts SET status = 'CLOSED' WHERE id = :id"}}
-
-        def compute(row, run_date):
-            edit = EDITS.get(str(row["id"]))
-            if edit:
-                with _engine.begin() as conn:
-                    conn.execute(sa.text(edit), {{"id": row["id"]}})
-            return {{"tier": "BRONZE", "tier_review_on": run_date}}
-    """)
+    write_meddling(functions, "meddling", url, {victims[0]: "UPDATE accounts SET points = points + 1 WHERE id = :id",
+                                                victims[1]: "UPDATE accounts SET status = 'CLOSED' WHERE id = :id"},
+                   tier="BRONZE")
     result = sweep(accounts, component(compute="meddling:compute"))
     assert result.status == "SUCCESS"
     assert result.conflicts == 2 and result.changed == 998 + 0, result
@@ -328,19 +335,9 @@ def test_where_selects_and_the_values_read_fence(accounts: sa.Engine, functions:
                              "ORDER BY id LIMIT 20"))
         victims = [str(v) for v in conn.execute(sa.text("SELECT account_id FROM vip ORDER BY account_id LIMIT 2"))
                    .scalars()]
-    write_module(functions, "unvip", f"""
-        import sqlalchemy as sa
-        _engine = sa.create_engine({url!r}, poolclass=sa.pool.NullPool)
-        EDITS = {{{victims[0]!r}: "DELETE FROM vip WHERE account_id = :id",
-                  {victims[1]!r}: "UPDATE accounts SET status = 'CLOSED' WHERE id = :id"}}
-
-        def compute(row, run_date):
-            edit = EDITS.get(str(row["id"]))
-            if edit:
-                with _engine.begin() as conn:
-                    conn.execute(sa.text(edit), {{"id": row["id"]}})
-            return {{"tier": "VIP", "tier_review_on": run_date}}
-    """)
+    write_meddling(functions, "unvip", url, {victims[0]: "DELETE FROM vip WHERE account_id = :id",
+                                             victims[1]: "UPDATE accounts SET status = 'CLOSED' WHERE id = :id"},
+                   tier="VIP")
     where = "status = 'OPEN' AND id IN (SELECT account_id FROM vip)"
     declared = component(compute="unvip:compute", where=where)
     result = sweep(accounts, declared)
