@@ -102,7 +102,7 @@ class PageCounts:
         """Rows whose write was not applied because they no longer held what was read (left due)."""
         self.systemic = 0
         self.systemic_by_type: dict[str, int] | None = None
-        """The systemic failures by kind (None: none): what the page's one warning line counts."""
+        """The systemic failures by kind (None: none), summing to `systemic`: what the run's warnings count."""
         self.unwritten = 0
         """Rows whose write failed for their own reason (the row keeps its stored state)."""
         self.extra: dict[str, int] | None = None

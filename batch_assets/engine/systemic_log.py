@@ -26,13 +26,12 @@ class SystemicWarnings:
         self.name = name
         self._lock = threading.Lock()
         self._next_at: float | None = None  # None: the next page with systemic failures is told at once
-        self._pages = self._rows = self._scanned = 0
+        self._pages = self._scanned = 0
         self._by_type: Counter[str] = Counter()
 
     def add(self, page: PageCounts) -> None:
         with self._lock:
             self._pages += 1
-            self._rows += page.systemic
             self._scanned += page.scanned
             self._by_type.update(page.systemic_by_type or {})
             now = time.monotonic()
@@ -49,11 +48,12 @@ class SystemicWarnings:
 
     def _tell(self) -> None:
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(self._by_type.items()))
+        rows = self._by_type.total()
         if self._pages == 1:
-            log.warning("sweep %s: %d of %d rows of a page failed systemically (%s)", self.name, self._rows,
-                        self._scanned, kinds)
+            log.warning("sweep %s: %d of %d rows of a page failed systemically (%s)", self.name, rows, self._scanned,
+                        kinds)
         else:
-            log.warning("sweep %s: %d of %d rows of %d pages failed systemically (%s)", self.name, self._rows,
-                        self._scanned, self._pages, kinds)
-        self._pages = self._rows = self._scanned = 0
+            log.warning("sweep %s: %d of %d rows of %d pages failed systemically (%s)", self.name, rows, self._scanned,
+                        self._pages, kinds)
+        self._pages = self._scanned = 0
         self._by_type.clear()
